@@ -1,0 +1,40 @@
+# One source of truth for commands: README, .ci/run and humans call these.
+.DEFAULT_GOAL := help
+PY ?= python3
+PIP ?= $(PY) -m pip
+export PIP_DISABLE_PIP_VERSION_CHECK = 1
+
+.PHONY: help
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+.PHONY: install
+install:  ## build and install the wheel with the HF engine (torch, transformers)
+	$(PIP) install -r requirements/hf.txt
+	$(PIP) install ".[hf,plot]"
+
+.PHONY: demo
+demo: install  ## install, fetch the default model, run `lookahead demo`
+	lookahead demo
+
+.PHONY: dev
+dev:  ## editable install with test and lint tools
+	$(PIP) install -r requirements/test.txt
+	$(PIP) install -e ".[hf,plot,test,dev]"
+
+.PHONY: test
+test: dev  ## cargo tests, bounded fuzz run, pytest (CPU; Triton under TRITON_INTERPRET=1)
+	cargo test --manifest-path rust/Cargo.toml --release
+	$(PY) -m pytest tests
+
+.PHONY: lint
+lint:  ## ruff, cargo fmt, clippy
+	ruff check python tests benchmarks
+	ruff format --check python tests benchmarks
+	cargo fmt --all --check
+	cargo clippy --manifest-path rust/Cargo.toml --all-targets -- -D warnings
+	cargo clippy --manifest-path rust/Cargo.toml --all-targets --features python -- -D warnings
+
+.PHONY: bench
+bench:  ## host-cost benchmark of the trie
+	$(PY) -m lookahead.bench trie

@@ -1,0 +1,2 @@
+#[cfg(feature = "python")]
+mod py;
