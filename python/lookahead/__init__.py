@@ -1,1 +1,40 @@
-"""lookahead."""
+"""lookahead: lossless, training-free speculative decoding from a trie of n-grams.
+
+The trie (`LookaheadCache`) is a Rust core; the HF transformers engine (`generate`,
+`LookaheadGenerator`) needs the `hf` extra and is imported on first use, so `import lookahead`
+stays light and never imports torch, triton or sglang.
+"""
+
+from __future__ import annotations
+
+from lookahead.cache import BatchDraft, Draft, LookaheadCache
+from lookahead.errors import (
+    InvalidInput,
+    LookaheadError,
+    RequestExists,
+    UnknownRequest,
+)
+
+__version__ = "0.1.0"
+
+_ENGINE_NAMES = ("generate", "LookaheadGenerator", "GenerationResult", "GenerationStats")
+
+__all__ = [
+    "BatchDraft",
+    "Draft",
+    "InvalidInput",
+    "LookaheadCache",
+    "LookaheadError",
+    "RequestExists",
+    "UnknownRequest",
+    "__version__",
+    *_ENGINE_NAMES,
+]
+
+
+def __getattr__(name: str):
+    if name in _ENGINE_NAMES:
+        from lookahead import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'lookahead' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from lookahead.bench import main
+
+sys.exit(main())
