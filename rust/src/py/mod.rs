@@ -1,6 +1,18 @@
+//! The PyO3 binding layer: module `lookahead._core`. The Python wrapper
+//! (python/lookahead/cache.py) validates arguments and shapes the results.
+
+mod cache;
+mod errors;
+
 use pyo3::prelude::*;
 
 #[pymodule]
-fn _core(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<cache::PyCache>()?;
+    m.add_function(wrap_pyfunction!(errors::_error_kinds, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::_raise_error, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::_panic_for_test, m)?)?;
+    m.add("MAX_BUDGET", crate::cache::MAX_BUDGET)?;
+    m.add("MAX_DEPTH", crate::cache::MAX_DEPTH)?;
     Ok(())
 }

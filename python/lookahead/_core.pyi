@@ -1,0 +1,52 @@
+"""Type stubs of the Rust extension `lookahead._core` (use `lookahead.LookaheadCache`)."""
+
+import os
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+MAX_BUDGET: int
+MAX_DEPTH: int
+
+_Rid = int | str
+_U32 = npt.NDArray[np.uint32]
+
+class Cache:
+    def __new__(
+        cls,
+        max_depth: int,
+        capacity_nodes: int,
+        prompt_weight: float,
+        output_weight: float,
+        keep_prompt_as_history: bool,
+        background_indexing: bool,
+        index_threads: int = 0,
+    ) -> Cache: ...
+    def config(self) -> dict[str, Any]: ...
+    def start_request(self, rid: _Rid, prompt: _U32, namespace: str) -> None: ...
+    def extend(self, rid: _Rid, tokens: _U32) -> None: ...
+    def draft(
+        self, rid: _Rid, budget: int, multi_branch: bool
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.float32]]: ...
+    def draft_batch(
+        self, rids: list[_Rid], budget: int, multi_branch: bool, threads: int = 1
+    ) -> tuple[
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.float32],
+        npt.NDArray[np.int32],
+    ]: ...
+    def finish_request(self, rid: _Rid, keep_prompt: bool | None = None) -> None: ...
+    def add_history(self, corpus: list[_U32], namespace: str) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+    def save(self, path: str | os.PathLike[str]) -> None: ...
+    @staticmethod
+    def load(
+        path: str | os.PathLike[str], background_indexing: bool | None = None
+    ) -> Cache: ...
+    def check_invariants(self) -> None: ...
+
+def _error_kinds() -> list[tuple[str, str]]: ...
+def _raise_error(kind: str, message: str) -> None: ...
+def _panic_for_test() -> None: ...

@@ -1,0 +1,54 @@
+"""Exceptions raised by `lookahead` (the Rust core maps each of its errors to one of these).
+
+`LookaheadError` is the base of all of them; each also derives from the built-in exception
+whose meaning fits, so `except ValueError` / `except KeyError` work as expected.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FileFormatError",
+    "InternalError",
+    "InvalidInput",
+    "InvariantError",
+    "LookaheadError",
+    "PersistError",
+    "RequestExists",
+    "UnknownRequest",
+]
+
+
+class LookaheadError(Exception):
+    """Base class of every error raised by lookahead."""
+
+
+class InvalidInput(LookaheadError, ValueError):
+    """A bad argument: token ids out of range, wrong dtype or shape, budget < 1, bad config."""
+
+
+class UnknownRequest(LookaheadError, KeyError):
+    """A request id that is not live: never started, or already finished."""
+
+    def __str__(self) -> str:
+        # KeyError would repr() the message; keep it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class RequestExists(LookaheadError, ValueError):
+    """`start_request` with an id that is still live."""
+
+
+class PersistError(LookaheadError, OSError):
+    """Reading or writing a save file failed."""
+
+
+class FileFormatError(LookaheadError, ValueError):
+    """A save file is not a lookahead save file, or of another version."""
+
+
+class InternalError(LookaheadError, RuntimeError):
+    """A bug in lookahead (a caught panic in the Rust core); please report it."""
+
+
+class InvariantError(InternalError):
+    """`check_invariants` found a broken structure."""

@@ -1,0 +1,170 @@
+//! Node storage: a segmented arena addressed by `u32` indices, with a free list.
+//!
+//! Segments have a fixed size and are never reallocated, so growing the arena never copies
+//! existing nodes (a writer holding a lock never stalls readers behind a multi-MB memcpy).
+
+/// Index of "no node" (absent parent, child, sibling, side table).
+pub const NONE: u32 = u32::MAX;
+/// `parent` value of a slot on the free list.
+pub const FREED: u32 = u32::MAX - 1;
+
+const SEG_BITS: u32 = 16;
+const SEG_LEN: usize = 1 << SEG_BITS;
+const SEG_MASK: u32 = (SEG_LEN as u32) - 1;
+
+/// One trie node: 28 bytes. Children form a doubly linked sibling list (O(1) unlink on
+/// eviction); a node with many children also gets a hash side table (`side`) for lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub token: u32,
+    /// Occurrences of this n-gram in the indexed text (decayed by eviction sweeps).
+    pub count: u32,
+    pub parent: u32,
+    pub first_child: u32,
+    pub next_sibling: u32,
+    pub prev_sibling: u32,
+    /// Index into the trie's side tables, or `NONE`.
+    pub side: u32,
+}
+
+impl Node {
+    pub const fn new(token: u32, parent: u32) -> Self {
+        Node {
+            token,
+            count: 0,
+            parent,
+            first_child: NONE,
+            next_sibling: NONE,
+            prev_sibling: NONE,
+            side: NONE,
+        }
+    }
+
+    pub fn is_free(&self) -> bool {
+        self.parent == FREED
+    }
+}
+
+/// Fixed-size segments of nodes plus a free list threaded through `next_sibling`.
+#[derive(Default)]
+pub struct Arena {
+    segs: Vec<Vec<Node>>,
+    slots: u32,
+    free_head: u32,
+    free_len: u32,
+}
+
+impl Arena {
+    pub fn new() -> Self {
+        Arena {
+            segs: Vec::new(),
+            slots: 0,
+            free_head: NONE,
+            free_len: 0,
+        }
+    }
+
+    /// Slots ever handed out (live + free); valid indices are `0..slots()`.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Live nodes.
+    pub fn live(&self) -> u32 {
+        self.slots - self.free_len
+    }
+
+    pub fn free_len(&self) -> u32 {
+        self.free_len
+    }
+
+    /// Bytes held by node storage (allocated segment capacity).
+    pub fn bytes(&self) -> usize {
+        self.segs.iter().map(|s| s.capacity()).sum::<usize>() * std::mem::size_of::<Node>()
+    }
+
+    #[inline]
+    pub fn get(&self, i: u32) -> &Node {
+        &self.segs[(i >> SEG_BITS) as usize][(i & SEG_MASK) as usize]
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, i: u32) -> &mut Node {
+        &mut self.segs[(i >> SEG_BITS) as usize][(i & SEG_MASK) as usize]
+    }
+
+    /// Stores `node` in a free slot (reused first) and returns its index.
+    pub fn alloc(&mut self, node: Node) -> u32 {
+        if self.free_head != NONE {
+            let i = self.free_head;
+            self.free_head = self.get(i).next_sibling;
+            self.free_len -= 1;
+            *self.get_mut(i) = node;
+            return i;
+        }
+        assert!(self.slots < FREED, "arena index space exhausted");
+        let seg = (self.slots >> SEG_BITS) as usize;
+        if seg == self.segs.len() {
+            // Small first segment: most prompt tries of short requests stay tiny.
+            let cap = if seg == 0 { 1024 } else { SEG_LEN };
+            self.segs.push(Vec::with_capacity(cap));
+        }
+        let s = &mut self.segs[seg];
+        if s.len() == s.capacity() {
+            s.reserve_exact(SEG_LEN - s.len());
+        }
+        s.push(node);
+        let i = self.slots;
+        self.slots += 1;
+        i
+    }
+
+    /// Returns slot `i` to the free list. The caller has unlinked it.
+    pub fn free(&mut self, i: u32) {
+        let head = self.free_head;
+        let n = self.get_mut(i);
+        *n = Node::new(0, FREED);
+        n.next_sibling = head;
+        self.free_head = i;
+        self.free_len += 1;
+    }
+
+    /// Indices on the free list (for invariant checks).
+    pub fn free_list(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.free_len as usize);
+        let mut i = self.free_head;
+        while i != NONE && out.len() <= self.free_len as usize {
+            out.push(i);
+            i = self.get(i).next_sibling;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_is_28_bytes() {
+        assert_eq!(std::mem::size_of::<Node>(), 28);
+    }
+
+    #[test]
+    fn alloc_free_reuse_across_segments() {
+        let mut a = Arena::new();
+        let n = (SEG_LEN + 5000) as u32;
+        for t in 0..n {
+            assert_eq!(a.alloc(Node::new(t, NONE)), t);
+        }
+        assert_eq!(a.get(SEG_LEN as u32 + 3).token, SEG_LEN as u32 + 3);
+        a.free(5);
+        a.free(70_000);
+        assert_eq!(a.live(), n - 2);
+        assert_eq!(a.free_list(), vec![70_000, 5]);
+        assert_eq!(a.alloc(Node::new(1, NONE)), 70_000);
+        assert_eq!(a.alloc(Node::new(2, NONE)), 5);
+        assert_eq!(a.alloc(Node::new(3, NONE)), n);
+        assert_eq!(a.live(), n + 1);
+    }
+}

@@ -1,0 +1,899 @@
+//! The cache: requests, namespaces, prompt indexing, output streaming, drafting, eviction.
+//!
+//! Concurrency: each namespace's shared history is one `Trie` behind an `RwLock`. Writers
+//! (`extend`, `add_history`, prompt merges, eviction sweeps) hold the write lock for bounded
+//! chunks only (`CHUNK_TOKENS` tokens or `SWEEP_VISITS` slots), so a draft never waits long.
+//! A request's prompt trie is built once (in the background by default), then read without
+//! any lock; only that request's own draft waits for it. Lock order, never reversed:
+//! request state -> one namespace lock; nothing that holds a namespace lock takes another
+//! lock, so there is no deadlock.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::arena::NONE;
+use crate::draft::{DraftTree, Sources};
+use crate::error::{Error, Result};
+use crate::evict::Budget;
+use crate::pool::Pool;
+use crate::trie::{Trie, ROOT};
+
+/// Tokens of one write-lock hold in `extend` / `add_history` / prompt merges.
+pub const CHUNK_TOKENS: usize = 64;
+/// Slots one eviction step visits per write-lock hold.
+pub const SWEEP_VISITS: u32 = 4096;
+/// Windows a prompt builder indexes between budget reservations.
+const BUILD_CHUNK: usize = 1024;
+/// Full CLOCK revolutions `make_room` tries before giving up (counts are u32: 32 halvings
+/// reach 0, then a few more passes free parents that became leaves).
+const MAX_PASSES: usize = 48;
+/// Largest `max_depth` accepted.
+pub const MAX_DEPTH: usize = 64;
+/// Largest draft budget accepted.
+pub const MAX_BUDGET: usize = 1 << 16;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub max_depth: usize,
+    pub capacity_nodes: u64,
+    pub prompt_weight: f64,
+    pub output_weight: f64,
+    pub keep_prompt_as_history: bool,
+    pub background_indexing: bool,
+    /// Background indexing threads (0: min(available cores, 4)).
+    pub index_threads: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_depth: 12,
+            capacity_nodes: 4_000_000,
+            prompt_weight: 1.0,
+            output_weight: 1.0,
+            keep_prompt_as_history: false,
+            background_indexing: true,
+            index_threads: 0,
+        }
+    }
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidInput(m));
+        if !(2..=MAX_DEPTH).contains(&self.max_depth) {
+            return bad(format!(
+                "max_depth must be in 2..={MAX_DEPTH}, got {}",
+                self.max_depth
+            ));
+        }
+        if self.capacity_nodes < 1 || self.capacity_nodes > u64::from(u32::MAX - 2) {
+            return bad(format!(
+                "capacity_nodes must be in 1..2**32-2, got {}",
+                self.capacity_nodes
+            ));
+        }
+        for (name, w) in [
+            ("prompt_weight", self.prompt_weight),
+            ("output_weight", self.output_weight),
+        ] {
+            if !w.is_finite() || w < 0.0 {
+                return bad(format!("{name} must be a finite number >= 0, got {w}"));
+            }
+        }
+        if self.prompt_weight + self.output_weight <= 0.0 {
+            return bad("prompt_weight and output_weight cannot both be 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// A request id: the Python side passes an int or a str.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RequestId {
+    Int(i64),
+    Str(String),
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestId::Int(i) => write!(f, "{i}"),
+            RequestId::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock means a panic was caught mid-operation; the structure is still
+    // memory-safe and check_invariants reports any damage, so keep serving.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A request's prompt trie; its nodes return to the budget when it is dropped.
+pub struct PromptTrie {
+    pub trie: Trie,
+    budget: Arc<Budget>,
+    pub truncated: bool,
+}
+
+impl Drop for PromptTrie {
+    fn drop(&mut self) {
+        self.budget.release(self.trie.nodes() + self.trie.allowance);
+    }
+}
+
+/// Where a prompt trie appears once built; only its own request waits on it.
+struct PromptSlot {
+    state: Mutex<SlotState>,
+    ready: Condvar,
+    cancel: AtomicBool,
+}
+
+enum SlotState {
+    Pending,
+    Ready(Arc<PromptTrie>),
+    Failed(String),
+    /// The request finished: the trie was dropped (or never stored).
+    Closed,
+}
+
+impl PromptSlot {
+    fn new() -> Self {
+        PromptSlot {
+            state: Mutex::new(SlotState::Pending),
+            ready: Condvar::new(),
+            cancel: AtomicBool::new(false),
+        }
+    }
+
+    /// Stores the built trie, unless the request finished meanwhile (then it is dropped here).
+    fn set(&self, v: std::result::Result<PromptTrie, String>) {
+        let mut st = lock(&self.state);
+        if matches!(*st, SlotState::Pending) {
+            *st = match v {
+                Ok(p) => SlotState::Ready(Arc::new(p)),
+                Err(m) => SlotState::Failed(m),
+            };
+        }
+        drop(st);
+        self.ready.notify_all();
+    }
+
+    fn wait(&self) -> Result<Arc<PromptTrie>> {
+        let mut st = lock(&self.state);
+        while matches!(*st, SlotState::Pending) {
+            st = self.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        match &*st {
+            SlotState::Ready(p) => Ok(Arc::clone(p)),
+            SlotState::Failed(m) => {
+                Err(Error::Internal(format!("indexing the prompt failed: {m}")))
+            }
+            SlotState::Closed => Err(Error::UnknownRequest(
+                "the request finished while drafting".into(),
+            )),
+            SlotState::Pending => unreachable!("waited until not pending"),
+        }
+    }
+
+    /// The trie if already built (never waits).
+    fn peek(&self) -> Option<Arc<PromptTrie>> {
+        match &*lock(&self.state) {
+            SlotState::Ready(p) => Some(Arc::clone(p)),
+            _ => None,
+        }
+    }
+
+    fn is_pending(&self) -> bool {
+        matches!(*lock(&self.state), SlotState::Pending)
+    }
+
+    /// Drops the trie (a draft in progress keeps its own reference until it returns).
+    fn close(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        let old = std::mem::replace(&mut *lock(&self.state), SlotState::Closed);
+        drop(old);
+        self.ready.notify_all();
+    }
+}
+
+pub struct Namespace {
+    pub name: String,
+    pub history: RwLock<Trie>,
+}
+
+struct ReqState {
+    /// The last `max_depth - 1` (or more) tokens of prompt + outputs.
+    tail: Vec<u32>,
+    /// `cursors[k]`: history node of the n-gram of length k+1 ending at the last token.
+    cursors: Vec<u32>,
+    /// History epoch the cursors were taken at (`u64::MAX`: rebuild before use).
+    epoch: u64,
+}
+
+struct Request {
+    ns: Arc<Namespace>,
+    prompt_tokens: Arc<Vec<u32>>,
+    prompt: Arc<PromptSlot>,
+    state: Mutex<ReqState>,
+}
+
+/// State shared with background jobs.
+struct Shared {
+    cfg: Config,
+    budget: Arc<Budget>,
+    namespaces: RwLock<Vec<Arc<Namespace>>>,
+    evict_from: AtomicUsize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evicted: AtomicU64,
+    truncated_prompts: AtomicU64,
+    in_flight: AtomicUsize,
+    op_seq: AtomicU64,
+}
+
+/// Marks an operation as running (for the exact checks of `check_invariants`).
+struct Busy<'a>(&'a Shared);
+impl<'a> Busy<'a> {
+    fn new(s: &'a Shared) -> Self {
+        s.in_flight.fetch_add(1, Ordering::AcqRel);
+        Busy(s)
+    }
+}
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.op_seq.fetch_add(1, Ordering::AcqRel);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The n-gram cache of the whole serving process.
+pub struct Cache {
+    shared: Arc<Shared>,
+    requests: RwLock<HashMap<RequestId, Arc<Request>>>,
+    pool: Option<Pool>,
+}
+
+/// Counters and sizes reported by `Cache::stats`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    pub nodes: u64,
+    pub history_nodes: u64,
+    pub prompt_nodes: u64,
+    pub capacity_nodes: u64,
+    pub bytes: u64,
+    pub live_requests: u64,
+    pub pending_prompts: u64,
+    pub namespaces: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evicted_nodes: u64,
+    pub truncated_prompts: u64,
+}
+
+impl Shared {
+    fn namespace(&self, name: &str) -> Arc<Namespace> {
+        if let Some(ns) = read(&self.namespaces).iter().find(|n| n.name == name) {
+            return Arc::clone(ns);
+        }
+        let mut all = write(&self.namespaces);
+        if let Some(ns) = all.iter().find(|n| n.name == name) {
+            return Arc::clone(ns);
+        }
+        let ns = Arc::new(Namespace {
+            name: name.to_owned(),
+            history: RwLock::new(Trie::new()),
+        });
+        all.push(Arc::clone(&ns));
+        ns
+    }
+
+    /// Evicts shared-history nodes until `want` are freed or nothing more can go.
+    /// Takes one namespace lock at a time, for at most `SWEEP_VISITS` slots.
+    fn make_room(&self, want: u64) -> u64 {
+        let all: Vec<Arc<Namespace>> = read(&self.namespaces).clone();
+        if all.is_empty() {
+            return 0;
+        }
+        let mut freed = 0;
+        for _ in 0..MAX_PASSES {
+            let mut nodes_left = 0;
+            let start = self.evict_from.fetch_add(1, Ordering::Relaxed);
+            for j in 0..all.len() {
+                let ns = &all[(start + j) % all.len()];
+                let slots = read(&ns.history).arena.slots();
+                let mut visited = 0u32;
+                while visited < slots && freed < want {
+                    let mut h = write(&ns.history);
+                    let f = h.sweep(SWEEP_VISITS.min(slots - visited), want - freed);
+                    drop(h);
+                    self.budget.release(f);
+                    freed += f;
+                    visited += SWEEP_VISITS;
+                }
+                nodes_left += read(&ns.history).nodes();
+                if freed >= want {
+                    break;
+                }
+            }
+            if freed >= want || nodes_left == 0 {
+                break;
+            }
+        }
+        self.evicted.fetch_add(freed, Ordering::Relaxed);
+        freed
+    }
+
+    /// Reserves up to `need` nodes, evicting shared history if the budget is short.
+    fn reserve(&self, need: u64) -> u64 {
+        let mut got = self.budget.reserve_up_to(need);
+        if got < need {
+            let slack = (self.budget.capacity() / 64).max(need - got);
+            self.make_room(slack);
+            got += self.budget.reserve_up_to(need - got);
+        }
+        got
+    }
+
+    /// Indexes every window of `text` into `ns`'s history, `CHUNK_TOKENS` windows per lock.
+    fn add_history(&self, ns: &Namespace, text: &[u32]) {
+        let depth = self.cfg.max_depth;
+        let mut s = 0;
+        while s < text.len() {
+            let end = (s + CHUNK_TOKENS).min(text.len());
+            let got = self.reserve(((end - s) * depth) as u64);
+            let mut h = write(&ns.history);
+            h.allowance = got;
+            h.add_windows(text, depth, s..end);
+            let unused = std::mem::take(&mut h.allowance);
+            drop(h);
+            self.budget.release(unused);
+            s = end;
+        }
+    }
+
+    /// Builds the prompt trie of `text`; stops early (truncated) when the budget is spent
+    /// even after evicting shared history, or when the request was finished meanwhile.
+    fn build_prompt(&self, text: &[u32], slot: &PromptSlot) -> PromptTrie {
+        let depth = self.cfg.max_depth;
+        let mut p = PromptTrie {
+            trie: Trie::new(),
+            budget: Arc::clone(&self.budget),
+            truncated: false,
+        };
+        let mut s = 0;
+        while s < text.len() && !slot.cancel.load(Ordering::Relaxed) {
+            let end = (s + BUILD_CHUNK).min(text.len());
+            let need = ((end - s) * depth) as u64;
+            if p.trie.allowance < need {
+                p.trie.allowance += self.reserve(need - p.trie.allowance);
+            }
+            let stop = p.trie.add_windows(text, depth, s..end);
+            if stop < end {
+                p.truncated = true;
+                self.truncated_prompts.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            s = end;
+        }
+        self.budget.release(std::mem::take(&mut p.trie.allowance));
+        p
+    }
+
+    fn run_build(&self, text: &[u32], slot: &PromptSlot) {
+        let r = catch_unwind(AssertUnwindSafe(|| self.build_prompt(text, slot)));
+        slot.set(r.map_err(|e| panic_message(&e)));
+    }
+}
+
+pub fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = e.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = e.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic".to_owned()
+    }
+}
+
+impl Cache {
+    pub fn new(cfg: Config) -> Result<Self> {
+        cfg.validate()?;
+        let threads = if cfg.index_threads > 0 {
+            cfg.index_threads
+        } else {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(4)
+        };
+        let pool = cfg.background_indexing.then(|| Pool::new(threads));
+        let shared = Arc::new(Shared {
+            budget: Arc::new(Budget::new(cfg.capacity_nodes)),
+            cfg,
+            namespaces: RwLock::new(Vec::new()),
+            evict_from: AtomicUsize::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            truncated_prompts: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            op_seq: AtomicU64::new(0),
+        });
+        shared.namespace("default");
+        Ok(Cache {
+            shared,
+            requests: RwLock::new(HashMap::new()),
+            pool,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.cfg
+    }
+
+    fn request(&self, rid: &RequestId) -> Result<Arc<Request>> {
+        read(&self.requests).get(rid).cloned().ok_or_else(|| {
+            Error::UnknownRequest(format!(
+                "request {rid} is not live (never started or already finished)"
+            ))
+        })
+    }
+
+    /// Registers a request and indexes its prompt (in the background when configured).
+    pub fn start_request(&self, rid: RequestId, prompt: Vec<u32>, namespace: &str) -> Result<()> {
+        let _busy = Busy::new(&self.shared);
+        if prompt.is_empty() {
+            return Err(Error::InvalidInput(
+                "prompt must hold at least one token".into(),
+            ));
+        }
+        let keep = self.shared.cfg.max_depth - 1;
+        let ns = self.shared.namespace(namespace);
+        let req = Arc::new(Request {
+            ns,
+            state: Mutex::new(ReqState {
+                tail: prompt[prompt.len().saturating_sub(keep)..].to_vec(),
+                cursors: Vec::new(),
+                epoch: u64::MAX,
+            }),
+            prompt_tokens: Arc::new(prompt),
+            prompt: Arc::new(PromptSlot::new()),
+        });
+        {
+            let mut reqs = write(&self.requests);
+            if reqs.contains_key(&rid) {
+                return Err(Error::RequestExists(format!(
+                    "request {rid} is already live"
+                )));
+            }
+            reqs.insert(rid, Arc::clone(&req));
+        }
+        let shared = Arc::clone(&self.shared);
+        let text = Arc::clone(&req.prompt_tokens);
+        let slot = Arc::clone(&req.prompt);
+        shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+            shared.run_build(&text, &slot);
+            // Drop our handle first: a trie of a finished request is freed before we report done.
+            drop(slot);
+            shared.op_seq.fetch_add(1, Ordering::AcqRel);
+            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        });
+        let inline = match &self.pool {
+            Some(pool) => pool.submit(job),
+            None => Some(job),
+        };
+        if let Some(job) = inline {
+            job();
+        }
+        Ok(())
+    }
+
+    /// Appends verified tokens to the request's context and counts, in the namespace's
+    /// history, every n-gram (up to `max_depth`) that ends at one of them.
+    pub fn extend(&self, rid: &RequestId, tokens: &[u32]) -> Result<()> {
+        let _busy = Busy::new(&self.shared);
+        let req = self.request(rid)?;
+        let depth = self.shared.cfg.max_depth;
+        let mut st = lock(&req.state);
+        for chunk in tokens.chunks(CHUNK_TOKENS) {
+            let need = (chunk.len() * depth + depth * depth) as u64;
+            let got = self.shared.reserve(need);
+            let mut h = write(&req.ns.history);
+            h.allowance = got;
+            let ok = extend_history(&mut h, &mut st, chunk, depth);
+            st.epoch = if ok { h.epoch } else { u64::MAX };
+            let unused = std::mem::take(&mut h.allowance);
+            drop(h);
+            self.shared.budget.release(unused);
+        }
+        Ok(())
+    }
+
+    /// Drafts for one request (waits for its own prompt index if still building).
+    pub fn draft(&self, rid: &RequestId, budget: usize, multi_branch: bool) -> Result<DraftTree> {
+        check_budget(budget)?;
+        let req = self.request(rid)?;
+        self.draft_req(&req, budget, multi_branch)
+    }
+
+    fn draft_req(&self, req: &Request, budget: usize, multi_branch: bool) -> Result<DraftTree> {
+        let tail = lock(&req.state).tail.clone();
+        let prompt = req.prompt.wait()?;
+        let h = read(&req.ns.history);
+        let cfg = &self.shared.cfg;
+        let src = Sources {
+            prompt: Some(&prompt.trie),
+            history: Some(&h),
+            prompt_weight: cfg.prompt_weight,
+            output_weight: cfg.output_weight,
+            max_depth: cfg.max_depth,
+        };
+        let tree = src.draft(&tail, budget, multi_branch);
+        drop(h);
+        let counter = if tree.num_nodes() > 1 {
+            &self.shared.hits
+        } else {
+            &self.shared.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(tree)
+    }
+
+    /// Drafts for many requests, in parallel on `threads` threads when there are enough.
+    pub fn draft_batch(
+        &self,
+        rids: &[RequestId],
+        budget: usize,
+        multi_branch: bool,
+        threads: usize,
+    ) -> Result<Vec<DraftTree>> {
+        check_budget(budget)?;
+        let reqs = rids
+            .iter()
+            .map(|r| self.request(r))
+            .collect::<Result<Vec<_>>>()?;
+        let threads = threads.max(1).min(reqs.len().div_ceil(4)).max(1);
+        if threads == 1 {
+            return reqs
+                .iter()
+                .map(|r| self.draft_req(r, budget, multi_branch))
+                .collect();
+        }
+        let per = reqs.len().div_ceil(threads);
+        let parts: Vec<Result<Vec<DraftTree>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = reqs
+                .chunks(per)
+                .map(|part| {
+                    s.spawn(move || {
+                        catch_unwind(AssertUnwindSafe(|| {
+                            part.iter()
+                                .map(|r| self.draft_req(r, budget, multi_branch))
+                                .collect::<Result<Vec<_>>>()
+                        }))
+                        .unwrap_or_else(|e| Err(Error::Internal(panic_message(&e))))
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|e| Err(Error::Internal(panic_message(&e))))
+                })
+                .collect()
+        });
+        let mut out = Vec::with_capacity(reqs.len());
+        for p in parts {
+            out.extend(p?);
+        }
+        Ok(out)
+    }
+
+    /// Ends a request: drops its prompt trie, or merges the prompt into the namespace's
+    /// history first when `keep_prompt` (default: the configured `keep_prompt_as_history`).
+    pub fn finish_request(&self, rid: &RequestId, keep_prompt: Option<bool>) -> Result<()> {
+        let _busy = Busy::new(&self.shared);
+        let req = write(&self.requests).remove(rid).ok_or_else(|| {
+            Error::UnknownRequest(format!(
+                "request {rid} is not live (never started or already finished)"
+            ))
+        })?;
+        req.prompt.close();
+        if keep_prompt.unwrap_or(self.shared.cfg.keep_prompt_as_history) {
+            self.shared.add_history(&req.ns, &req.prompt_tokens);
+        }
+        Ok(())
+    }
+
+    /// Counts every window of every text into `namespace`'s history.
+    pub fn add_history(&self, corpus: &[Vec<u32>], namespace: &str) -> Result<()> {
+        let _busy = Busy::new(&self.shared);
+        let ns = self.shared.namespace(namespace);
+        for text in corpus {
+            self.shared.add_history(&ns, text);
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats {
+            capacity_nodes: self.shared.budget.capacity(),
+            hits: self.shared.hits.load(Ordering::Relaxed),
+            misses: self.shared.misses.load(Ordering::Relaxed),
+            evicted_nodes: self.shared.evicted.load(Ordering::Relaxed),
+            truncated_prompts: self.shared.truncated_prompts.load(Ordering::Relaxed),
+            ..Stats::default()
+        };
+        for ns in read(&self.shared.namespaces).iter() {
+            let h = read(&ns.history);
+            s.history_nodes += h.nodes();
+            s.bytes += h.bytes() as u64;
+            s.namespaces += 1;
+        }
+        for req in read(&self.requests).values() {
+            s.live_requests += 1;
+            if let Some(p) = req.prompt.peek() {
+                s.prompt_nodes += p.trie.nodes();
+                s.bytes += p.trie.bytes() as u64;
+            } else if req.prompt.is_pending() {
+                s.pending_prompts += 1;
+            }
+        }
+        s.nodes = s.history_nodes + s.prompt_nodes;
+        s
+    }
+
+    /// Checks every trie's structure and the capacity bound; when no other operation ran
+    /// during the check, also that the budget accounts exactly for the stored nodes.
+    pub fn check_invariants(&self) -> Result<()> {
+        let seq0 = self.shared.op_seq.load(Ordering::Acquire);
+        let idle0 = self.shared.in_flight.load(Ordering::Acquire) == 0;
+        let mut nodes = 0;
+        for ns in read(&self.shared.namespaces).iter() {
+            let h = read(&ns.history);
+            h.check()
+                .map_err(|e| Error::Invariant(format!("namespace {:?}: {e}", ns.name)))?;
+            if h.allowance != 0 {
+                return Err(Error::Invariant(format!(
+                    "namespace {:?} holds an unused reservation",
+                    ns.name
+                )));
+            }
+            nodes += h.nodes();
+        }
+        for (rid, req) in read(&self.requests).iter() {
+            if let Some(p) = req.prompt.peek() {
+                p.trie
+                    .check()
+                    .map_err(|e| Error::Invariant(format!("prompt of request {rid}: {e}")))?;
+                nodes += p.trie.nodes();
+            }
+            let st = lock(&req.state);
+            if st.tail.is_empty() {
+                return Err(Error::Invariant(format!(
+                    "request {rid} has an empty context"
+                )));
+            }
+        }
+        let used = self.shared.budget.used();
+        let cap = self.shared.budget.capacity();
+        if used > cap {
+            return Err(Error::Invariant(format!(
+                "{used} nodes reserved, capacity {cap}"
+            )));
+        }
+        let idle1 = self.shared.in_flight.load(Ordering::Acquire) == 0;
+        if idle0 && idle1 && seq0 == self.shared.op_seq.load(Ordering::Acquire) && nodes != used {
+            return Err(Error::Invariant(format!(
+                "{nodes} nodes stored but {used} accounted"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Namespaces and their history tries, for persistence.
+    pub(crate) fn namespaces(&self) -> Vec<Arc<Namespace>> {
+        read(&self.shared.namespaces).clone()
+    }
+
+    /// Installs a loaded history trie for `name` (its nodes must be reserved already).
+    pub(crate) fn install_history(&self, name: &str, trie: Trie) {
+        let ns = self.shared.namespace(name);
+        *write(&ns.history) = trie;
+    }
+
+    pub(crate) fn budget(&self) -> &Budget {
+        &self.shared.budget
+    }
+}
+
+fn check_budget(budget: usize) -> Result<()> {
+    if !(1..=MAX_BUDGET).contains(&budget) {
+        return Err(Error::InvalidInput(format!(
+            "budget must be in 1..={MAX_BUDGET}, got {budget}"
+        )));
+    }
+    Ok(())
+}
+
+/// Streams `chunk` into the history through the request's cursors. Returns false if the
+/// allowance ran out (some n-grams were not stored; cursors must be rebuilt).
+fn extend_history(h: &mut Trie, st: &mut ReqState, chunk: &[u32], depth: usize) -> bool {
+    let keep = depth - 1;
+    let mut ok = true;
+    if st.epoch != h.epoch {
+        // Rebuild: the suffixes of the context so far, created as structure (count 0): they
+        // are prefixes of the n-grams about to be counted.
+        st.cursors.clear();
+        let n = st.tail.len();
+        for len in 1..=keep.min(n) {
+            let mut node = ROOT;
+            for &t in &st.tail[n - len..] {
+                node = h.child_or_insert(node, t);
+                if node == NONE {
+                    break;
+                }
+            }
+            if node == NONE {
+                ok = false;
+                break;
+            }
+            st.cursors.push(node);
+        }
+    }
+    let mut next = Vec::with_capacity(keep);
+    for &t in chunk {
+        next.clear();
+        let first = h.child_or_insert(ROOT, t);
+        if first == NONE {
+            ok = false;
+        } else {
+            h.bump(first, 1);
+            next.push(first);
+            for &c in &st.cursors {
+                let child = h.child_or_insert(c, t);
+                if child == NONE {
+                    ok = false;
+                    break;
+                }
+                h.bump(child, 1);
+                if next.len() < keep {
+                    next.push(child);
+                }
+            }
+        }
+        std::mem::swap(&mut st.cursors, &mut next);
+        st.tail.push(t);
+    }
+    if st.tail.len() > 4 * keep.max(1) {
+        st.tail.drain(..st.tail.len() - keep);
+    }
+    ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap as Map;
+
+    fn cfg(depth: usize, cap: u64, bg: bool) -> Config {
+        Config {
+            max_depth: depth,
+            capacity_nodes: cap,
+            background_indexing: bg,
+            ..Config::default()
+        }
+    }
+
+    fn naive_outputs(prompt: &[u32], outs: &[u32], depth: usize) -> Map<Vec<u32>, u32> {
+        let ctx: Vec<u32> = prompt.iter().chain(outs).copied().collect();
+        let mut m = Map::new();
+        for j in prompt.len()..ctx.len() {
+            for s in (j + 1).saturating_sub(depth)..=j {
+                *m.entry(ctx[s..=j].to_vec()).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+
+    #[test]
+    fn extend_counts_equal_naive_recount() {
+        let c = Cache::new(cfg(4, 1 << 20, false)).unwrap();
+        let prompt = vec![1, 2, 3, 1, 2];
+        let outs: Vec<u32> = vec![3, 1, 2, 4, 1, 2, 3, 3, 3];
+        let rid = RequestId::Int(1);
+        c.start_request(rid.clone(), prompt.clone(), "default")
+            .unwrap();
+        for part in outs.chunks(2) {
+            c.extend(&rid, part).unwrap();
+            c.check_invariants().unwrap();
+        }
+        let ns = c.namespaces()[0].clone();
+        let h = ns.history.read().unwrap();
+        let got: Map<Vec<u32>, u32> = h.ngrams().into_iter().filter(|(_, n)| *n > 0).collect();
+        assert_eq!(got, naive_outputs(&prompt, &outs, 4));
+    }
+
+    #[test]
+    fn errors_for_unknown_and_reused_ids() {
+        let c = Cache::new(cfg(4, 1000, true)).unwrap();
+        let a = RequestId::Str("a".into());
+        c.start_request(a.clone(), vec![1], "default").unwrap();
+        assert_eq!(
+            c.start_request(a.clone(), vec![1], "default")
+                .unwrap_err()
+                .kind(),
+            "RequestExists"
+        );
+        c.finish_request(&a, None).unwrap();
+        assert_eq!(c.extend(&a, &[1]).unwrap_err().kind(), "UnknownRequest");
+        assert_eq!(c.draft(&a, 4, true).unwrap_err().kind(), "UnknownRequest");
+        assert_eq!(
+            c.finish_request(&a, None).unwrap_err().kind(),
+            "UnknownRequest"
+        );
+        assert_eq!(
+            c.start_request(a, vec![], "default").unwrap_err().kind(),
+            "InvalidInput"
+        );
+        assert!(Cache::new(cfg(1, 10, true)).is_err());
+    }
+
+    #[test]
+    fn namespaces_do_not_share_outputs() {
+        let c = Cache::new(cfg(4, 1 << 20, false)).unwrap();
+        c.add_history(&[vec![7, 8, 9]], "a").unwrap();
+        let x = RequestId::Int(1);
+        let y = RequestId::Int(2);
+        c.start_request(x.clone(), vec![7], "a").unwrap();
+        c.start_request(y.clone(), vec![7], "b").unwrap();
+        assert_eq!(c.draft(&x, 4, false).unwrap().tokens, vec![7, 8, 9]);
+        assert_eq!(c.draft(&y, 4, false).unwrap().tokens, vec![7]);
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.namespaces), (1, 1, 3));
+    }
+
+    #[test]
+    fn capacity_holds_with_a_huge_prompt_and_history() {
+        let c = Cache::new(cfg(6, 500, true)).unwrap();
+        let text: Vec<u32> = (0..3000u32).map(|i| (i * 31) % 97).collect();
+        c.add_history(&[text.clone()], "default").unwrap();
+        assert!(c.stats().nodes <= 500);
+        c.start_request(RequestId::Int(1), text.clone(), "default")
+            .unwrap();
+        c.draft(&RequestId::Int(1), 8, true).unwrap();
+        let s = c.stats();
+        assert!(s.nodes <= 500, "{s:?}");
+        assert_eq!(s.truncated_prompts, 1);
+        c.extend(&RequestId::Int(1), &text[..200]).unwrap();
+        c.check_invariants().unwrap();
+        c.finish_request(&RequestId::Int(1), Some(true)).unwrap();
+        c.check_invariants().unwrap();
+        assert!(c.stats().nodes <= 500);
+        assert_eq!(c.stats().prompt_nodes, 0);
+    }
+
+    #[test]
+    fn finishing_releases_the_prompt() {
+        let c = Cache::new(cfg(4, 10_000, true)).unwrap();
+        let r = RequestId::Int(3);
+        c.start_request(r.clone(), (0..100).collect(), "default")
+            .unwrap();
+        c.draft(&r, 2, true).unwrap();
+        assert!(c.stats().prompt_nodes > 0);
+        c.finish_request(&r, None).unwrap();
+        c.check_invariants().unwrap();
+        assert_eq!(c.stats().nodes, 0);
+        assert_eq!(c.budget().used(), 0);
+    }
+}

@@ -1,0 +1,343 @@
+//! Drafting: suffix matching, child scoring, the greedy chain and the best-first tree.
+//!
+//! A *state* is the pair (prompt-trie node, history-trie node) of one n-gram `p` (either may be
+//! `NONE`). The score of child token `t` of `p` is
+//!
+//! ```text
+//! score(t) = (w_p * c_P(p,t) / S_P(p) + w_o * c_H(p,t) / S_H(p)) / (w_p + w_o)
+//! ```
+//!
+//! where `c_X(p,t)` is the count of n-gram `p+t` in trie X, `S_X(p)` the sum of the positive
+//! child counts of `p` in X, and a trie takes part (its term and its weight in the
+//! denominator) only where its weight is positive and `S_X(p) > 0`. Scores of one state sum
+//! to 1; a draft node's score is the product of the scores along its path (its estimated
+//! probability). Children with count 0 (decayed by eviction) are not candidates. Ties are
+//! broken by token id (smaller first) and, in the tree, by the order candidates were pushed.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use crate::arena::NONE;
+use crate::trie::Trie;
+
+pub type State = [u32; 2];
+const EMPTY: State = [NONE, NONE];
+
+/// The tries a draft reads and how to weigh them.
+pub struct Sources<'a> {
+    pub prompt: Option<&'a Trie>,
+    pub history: Option<&'a Trie>,
+    pub prompt_weight: f64,
+    pub output_weight: f64,
+    pub max_depth: usize,
+}
+
+/// A draft tree: node 0 is the root (last context token), `parents[0] == -1`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftTree {
+    pub tokens: Vec<u32>,
+    pub parents: Vec<i32>,
+    pub scores: Vec<f32>,
+}
+
+impl DraftTree {
+    pub fn num_nodes(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Cand {
+    pub token: u32,
+    pub score: f64,
+    pub child: State,
+}
+
+struct Item {
+    prob: f64,
+    seq: u64,
+    parent: u32,
+    cand: Cand,
+}
+
+impl PartialEq for Item {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Item {}
+impl PartialOrd for Item {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Item {
+    // Max-heap: higher probability first, then earlier push.
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.prob
+            .total_cmp(&o.prob)
+            .then_with(|| o.seq.cmp(&self.seq))
+    }
+}
+
+impl Sources<'_> {
+    fn tries(&self) -> [(Option<&Trie>, f64); 2] {
+        [
+            (self.prompt, self.prompt_weight),
+            (self.history, self.output_weight),
+        ]
+    }
+
+    /// State of the longest suffix of `ctx` (at most `max_depth - 1` tokens) that has a
+    /// continuation in a participating trie; `None` if no suffix has one.
+    pub fn match_suffix(&self, ctx: &[u32]) -> Option<State> {
+        let longest = ctx.len().min(self.max_depth.saturating_sub(1));
+        for k in (1..=longest).rev() {
+            let s = &ctx[ctx.len() - k..];
+            let mut st = EMPTY;
+            let mut any = false;
+            for (x, (trie, w)) in self.tries().into_iter().enumerate() {
+                if let Some(t) = trie.filter(|_| w > 0.0) {
+                    let n = t.walk(s);
+                    if n != NONE && t.has_continuation(n) {
+                        st[x] = n;
+                        any = true;
+                    }
+                }
+            }
+            if any {
+                return Some(st);
+            }
+        }
+        None
+    }
+
+    /// Scored continuations of `st`, best first (score desc, token asc), into `out`.
+    pub fn candidates(&self, st: State, out: &mut Vec<Cand>) {
+        out.clear();
+        // (token, count in prompt, count in history, child in prompt, child in history)
+        let mut raw: Vec<(u32, u32, u32, u32, u32)> = Vec::new();
+        let mut sums = [0u64; 2];
+        for (x, (trie, w)) in self.tries().into_iter().enumerate() {
+            let Some(t) = trie.filter(|_| w > 0.0 && st[x] != NONE) else {
+                continue;
+            };
+            for (tok, c) in t.children(st[x]) {
+                let cnt = t.node(c).count;
+                if cnt == 0 {
+                    continue;
+                }
+                sums[x] += u64::from(cnt);
+                raw.push(if x == 0 {
+                    (tok, cnt, 0, c, NONE)
+                } else {
+                    (tok, 0, cnt, NONE, c)
+                });
+            }
+        }
+        if raw.is_empty() {
+            return;
+        }
+        raw.sort_unstable_by_key(|r| (r.0, r.3 == NONE));
+        let wp = if sums[0] > 0 { self.prompt_weight } else { 0.0 };
+        let wo = if sums[1] > 0 { self.output_weight } else { 0.0 };
+        let wsum = wp + wo;
+        let mut i = 0;
+        while i < raw.len() {
+            let mut r = raw[i];
+            if i + 1 < raw.len() && raw[i + 1].0 == r.0 {
+                let h = raw[i + 1];
+                r.2 = h.2;
+                r.4 = h.4;
+                i += 1;
+            }
+            i += 1;
+            let a = if sums[0] > 0 {
+                wp * f64::from(r.1) / sums[0] as f64
+            } else {
+                0.0
+            };
+            let b = if sums[1] > 0 {
+                wo * f64::from(r.2) / sums[1] as f64
+            } else {
+                0.0
+            };
+            out.push(Cand {
+                token: r.0,
+                score: (a + b) / wsum,
+                child: [r.3, r.4],
+            });
+        }
+        out.sort_unstable_by(|x, y| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token)));
+    }
+
+    /// Continuations of draft node `i` of `tree`: those of its state, or, where that state
+    /// has none (a window's end), those of a fresh match on context + path to `i`.
+    fn expand(
+        &self,
+        ctx: &[u32],
+        tree: &DraftTree,
+        i: usize,
+        st: Option<State>,
+        out: &mut Vec<Cand>,
+    ) {
+        if let Some(st) = st {
+            self.candidates(st, out);
+            if !out.is_empty() || i == 0 {
+                return;
+            }
+        }
+        let mut path = Vec::new();
+        let mut j = i;
+        while j != 0 {
+            path.push(tree.tokens[j]);
+            j = tree.parents[j] as usize;
+        }
+        path.reverse();
+        let keep = self.max_depth.saturating_sub(1);
+        let mut buf: Vec<u32> = Vec::with_capacity(keep);
+        let from_ctx = keep.saturating_sub(path.len()).min(ctx.len());
+        buf.extend_from_slice(&ctx[ctx.len() - from_ctx..]);
+        buf.extend_from_slice(&path[path.len().saturating_sub(keep)..]);
+        match self.match_suffix(&buf) {
+            Some(s) => self.candidates(s, out),
+            None => out.clear(),
+        }
+    }
+
+    /// Drafts up to `budget` nodes after `ctx` (non-empty; only its last `max_depth - 1`
+    /// tokens are read): one greedy branch, or a best-first tree when `multi_branch`.
+    pub fn draft(&self, ctx: &[u32], budget: usize, multi_branch: bool) -> DraftTree {
+        let root = *ctx.last().expect("draft needs a non-empty context");
+        let mut tree = DraftTree {
+            tokens: vec![root],
+            parents: vec![-1],
+            scores: vec![1.0],
+        };
+        let mut probs = vec![1.0f64];
+        let mut cands = Vec::new();
+        let root_state = self.match_suffix(ctx);
+        if root_state.is_none() {
+            return tree;
+        }
+        if !multi_branch {
+            let mut st = root_state;
+            let mut i = 0;
+            while tree.num_nodes() <= budget {
+                self.expand(ctx, &tree, i, st, &mut cands);
+                let Some(best) = cands.first().copied() else {
+                    break;
+                };
+                let p = probs[i] * best.score;
+                tree.tokens.push(best.token);
+                tree.parents.push(i as i32);
+                tree.scores.push(p as f32);
+                probs.push(p);
+                i = tree.num_nodes() - 1;
+                st = Some(best.child);
+            }
+            return tree;
+        }
+        let mut heap = BinaryHeap::new();
+        let mut seq = 0u64;
+        let mut push_children =
+            |heap: &mut BinaryHeap<Item>, cands: &[Cand], parent: usize, prob: f64, room: usize| {
+                for c in cands.iter().take(room) {
+                    heap.push(Item {
+                        prob: prob * c.score,
+                        seq,
+                        parent: parent as u32,
+                        cand: *c,
+                    });
+                    seq += 1;
+                }
+            };
+        self.expand(ctx, &tree, 0, root_state, &mut cands);
+        push_children(&mut heap, &cands, 0, 1.0, budget);
+        while tree.num_nodes() <= budget {
+            let Some(it) = heap.pop() else {
+                break;
+            };
+            let i = tree.num_nodes();
+            tree.tokens.push(it.cand.token);
+            tree.parents.push(it.parent as i32);
+            tree.scores.push(it.prob as f32);
+            probs.push(it.prob);
+            let room = budget + 1 - tree.num_nodes();
+            if room == 0 {
+                break;
+            }
+            self.expand(ctx, &tree, i, Some(it.cand.child), &mut cands);
+            push_children(&mut heap, &cands, i, it.prob, room);
+        }
+        tree
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trie(texts: &[&[u32]], depth: usize) -> Trie {
+        let mut t = Trie::new();
+        t.allowance = u64::MAX;
+        for x in texts {
+            t.add_windows(x, depth, 0..x.len());
+        }
+        t
+    }
+
+    fn src<'a>(p: Option<&'a Trie>, h: Option<&'a Trie>, depth: usize) -> Sources<'a> {
+        Sources {
+            prompt: p,
+            history: h,
+            prompt_weight: 1.0,
+            output_weight: 1.0,
+            max_depth: depth,
+        }
+    }
+
+    #[test]
+    fn nothing_matched_gives_the_root_alone() {
+        let p = trie(&[&[1, 2, 3]], 4);
+        let d = src(Some(&p), None, 4).draft(&[9], 8, true);
+        assert_eq!(d.tokens, vec![9]);
+        assert_eq!(d.parents, vec![-1]);
+    }
+
+    #[test]
+    fn chain_copies_beyond_max_depth() {
+        let text: Vec<u32> = (10..40).collect();
+        let p = trie(&[&text], 3);
+        let d = src(Some(&p), None, 3).draft(&[10, 11], 20, false);
+        assert_eq!(d.tokens, (11..32).collect::<Vec<u32>>());
+        assert_eq!(d.parents, (-1..20).collect::<Vec<i32>>());
+    }
+
+    #[test]
+    fn scores_mix_prompt_and_history() {
+        // After [5]: prompt says 6 (x1), history says 7 (x3) and 6 (x1).
+        let p = trie(&[&[5, 6]], 3);
+        let h = trie(&[&[5, 7], &[5, 7], &[5, 7], &[5, 6]], 3);
+        let s = src(Some(&p), Some(&h), 3);
+        let mut c = Vec::new();
+        s.candidates(s.match_suffix(&[5]).unwrap(), &mut c);
+        assert_eq!(c[0].token, 6);
+        assert!((c[0].score - (1.0 + 0.25) / 2.0).abs() < 1e-12);
+        assert_eq!(c[1].token, 7);
+        assert!((c[1].score - 0.75 / 2.0).abs() < 1e-12);
+        let d = s.draft(&[5], 4, true);
+        assert_eq!(&d.tokens[..3], &[5, 6, 7]);
+        assert_eq!(&d.parents[..3], &[-1, 0, 0]);
+    }
+
+    #[test]
+    fn longest_suffix_wins_then_falls_back() {
+        let p = trie(&[&[1, 2, 3, 9, 2, 3, 4]], 4);
+        let s = src(Some(&p), None, 4);
+        // "1 2 3" -> 9; "2 3" alone would prefer a tie between 9 and 4.
+        assert_eq!(s.draft(&[1, 2, 3], 1, false).tokens, vec![3, 9]);
+        // "8 2 3" is unknown, so "2 3" is used: 4 and 9 tie, smaller token first.
+        assert_eq!(s.draft(&[8, 2, 3], 1, false).tokens, vec![3, 4]);
+    }
+}

@@ -1,0 +1,105 @@
+//! The one error type of the core. The binding layer maps each variant to one Python
+//! exception class (rust/src/py/errors.rs).
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A bad argument (token out of range, budget < 1, bad configuration).
+    InvalidInput(String),
+    /// A request id that is not live (never started, or already finished).
+    UnknownRequest(String),
+    /// `start_request` with an id that is still live.
+    RequestExists(String),
+    /// Reading or writing a save file failed.
+    Io(String),
+    /// A save file is not in the expected format or version.
+    Format(String),
+    /// `check_invariants` found broken structure.
+    Invariant(String),
+    /// A bug: a panic caught at the boundary or a poisoned lock.
+    Internal(String),
+}
+
+/// The variants by name, in declaration order: the binding layer's test walks this list.
+pub const ERROR_KINDS: [&str; 7] = [
+    "InvalidInput",
+    "UnknownRequest",
+    "RequestExists",
+    "Io",
+    "Format",
+    "Invariant",
+    "Internal",
+];
+
+impl Error {
+    /// The variant's name, as listed in `ERROR_KINDS`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidInput(_) => "InvalidInput",
+            Error::UnknownRequest(_) => "UnknownRequest",
+            Error::RequestExists(_) => "RequestExists",
+            Error::Io(_) => "Io",
+            Error::Format(_) => "Format",
+            Error::Invariant(_) => "Invariant",
+            Error::Internal(_) => "Internal",
+        }
+    }
+
+    /// An error of the variant named `kind` (for the binding layer's mapping test).
+    pub fn of_kind(kind: &str, msg: String) -> Option<Error> {
+        Some(match kind {
+            "InvalidInput" => Error::InvalidInput(msg),
+            "UnknownRequest" => Error::UnknownRequest(msg),
+            "RequestExists" => Error::RequestExists(msg),
+            "Io" => Error::Io(msg),
+            "Format" => Error::Format(msg),
+            "Invariant" => Error::Invariant(msg),
+            "Internal" => Error::Internal(msg),
+            _ => return None,
+        })
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Error::InvalidInput(m)
+            | Error::UnknownRequest(m)
+            | Error::RequestExists(m)
+            | Error::Io(m)
+            | Error::Format(m)
+            | Error::Invariant(m)
+            | Error::Internal(m) => m,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_round_trips() {
+        for k in ERROR_KINDS {
+            let e = Error::of_kind(k, "m".into()).unwrap();
+            assert_eq!(e.kind(), k);
+            assert_eq!(e.to_string(), "m");
+        }
+        assert!(Error::of_kind("Nope", String::new()).is_none());
+    }
+}

@@ -1,0 +1,262 @@
+//! `lookahead._core.Cache`: thin methods over `crate::Cache`. Every call releases the GIL and
+//! catches panics, so a bug surfaces as `lookahead.InternalError`, never an abort.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+
+use super::errors::to_pyerr;
+use crate::cache::{panic_message, Cache, Config, RequestId};
+use crate::draft::DraftTree;
+use crate::error::{Error, Result};
+
+/// Runs `f` without the GIL; a panic becomes `Error::Internal`.
+fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
+    py.detach(|| {
+        catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|e| {
+            Err(Error::Internal(format!(
+                "panic in lookahead core: {}",
+                panic_message(&e)
+            )))
+        })
+    })
+    .map_err(|e| to_pyerr(py, e))
+}
+
+fn rid_of(py: Python<'_>, rid: &Bound<'_, PyAny>) -> PyResult<RequestId> {
+    if rid.is_instance_of::<PyBool>() {
+        return Err(to_pyerr(
+            py,
+            Error::InvalidInput("request id must be an int or a str, got a bool".into()),
+        ));
+    }
+    if rid.is_instance_of::<PyInt>() {
+        return rid.extract::<i64>().map(RequestId::Int).map_err(|_| {
+            to_pyerr(
+                py,
+                Error::InvalidInput(format!("request id {rid} does not fit in 64 bits")),
+            )
+        });
+    }
+    if rid.is_instance_of::<PyString>() {
+        return Ok(RequestId::Str(rid.extract::<String>()?));
+    }
+    let ty = rid.get_type().name()?;
+    Err(to_pyerr(
+        py,
+        Error::InvalidInput(format!("request id must be an int or a str, got {ty}")),
+    ))
+}
+
+type DraftArrays<'py> = (
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<f32>>,
+);
+
+fn tokens_i32(t: &[u32]) -> Vec<i32> {
+    // Ids >= 2**31 keep their bit pattern (view the array as uint32 to read them back).
+    t.iter().map(|&x| x as i32).collect()
+}
+
+#[pyclass(name = "Cache", module = "lookahead._core", frozen)]
+pub struct PyCache {
+    inner: Cache,
+}
+
+#[pymethods]
+impl PyCache {
+    #[new]
+    #[pyo3(signature = (max_depth, capacity_nodes, prompt_weight, output_weight, keep_prompt_as_history, background_indexing, index_threads=0))]
+    fn new(
+        py: Python<'_>,
+        max_depth: usize,
+        capacity_nodes: u64,
+        prompt_weight: f64,
+        output_weight: f64,
+        keep_prompt_as_history: bool,
+        background_indexing: bool,
+        index_threads: usize,
+    ) -> PyResult<Self> {
+        let cfg = Config {
+            max_depth,
+            capacity_nodes,
+            prompt_weight,
+            output_weight,
+            keep_prompt_as_history,
+            background_indexing,
+            index_threads,
+        };
+        Cache::new(cfg)
+            .map(|inner| PyCache { inner })
+            .map_err(|e| to_pyerr(py, e))
+    }
+
+    /// The configuration as a dict.
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.inner.config();
+        let d = PyDict::new(py);
+        d.set_item("max_depth", c.max_depth)?;
+        d.set_item("capacity_nodes", c.capacity_nodes)?;
+        d.set_item("prompt_weight", c.prompt_weight)?;
+        d.set_item("output_weight", c.output_weight)?;
+        d.set_item("keep_prompt_as_history", c.keep_prompt_as_history)?;
+        d.set_item("background_indexing", c.background_indexing)?;
+        d.set_item("index_threads", c.index_threads)?;
+        Ok(d)
+    }
+
+    fn start_request(
+        &self,
+        py: Python<'_>,
+        rid: &Bound<'_, PyAny>,
+        prompt: PyReadonlyArray1<'_, u32>,
+        namespace: &str,
+    ) -> PyResult<()> {
+        let rid = rid_of(py, rid)?;
+        let prompt = prompt.as_array().to_vec();
+        run(py, || self.inner.start_request(rid, prompt, namespace))
+    }
+
+    fn extend(
+        &self,
+        py: Python<'_>,
+        rid: &Bound<'_, PyAny>,
+        tokens: PyReadonlyArray1<'_, u32>,
+    ) -> PyResult<()> {
+        let rid = rid_of(py, rid)?;
+        let tokens = tokens.as_array().to_vec();
+        run(py, || self.inner.extend(&rid, &tokens))
+    }
+
+    fn draft<'py>(
+        &self,
+        py: Python<'py>,
+        rid: &Bound<'_, PyAny>,
+        budget: usize,
+        multi_branch: bool,
+    ) -> PyResult<DraftArrays<'py>> {
+        let rid = rid_of(py, rid)?;
+        let d: DraftTree = run(py, || self.inner.draft(&rid, budget, multi_branch))?;
+        Ok((
+            PyArray1::from_vec(py, tokens_i32(&d.tokens)),
+            PyArray1::from_vec(py, d.parents),
+            PyArray1::from_vec(py, d.scores),
+        ))
+    }
+
+    /// Returns (tokens [B, W], parents [B, W], scores [B, W], num_nodes [B]), W = budget + 1.
+    #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (rids, budget, multi_branch, threads=1))]
+    fn draft_batch<'py>(
+        &self,
+        py: Python<'py>,
+        rids: Vec<Bound<'py, PyAny>>,
+        budget: usize,
+        multi_branch: bool,
+        threads: usize,
+    ) -> PyResult<(
+        Bound<'py, PyArray2<i32>>,
+        Bound<'py, PyArray2<i32>>,
+        Bound<'py, PyArray2<f32>>,
+        Bound<'py, PyArray1<i32>>,
+    )> {
+        let ids = rids
+            .iter()
+            .map(|r| rid_of(py, r))
+            .collect::<PyResult<Vec<_>>>()?;
+        let b = ids.len();
+        let w = budget.saturating_add(1);
+        let (tok, par, sc, num) = run(py, || {
+            let trees = self
+                .inner
+                .draft_batch(&ids, budget, multi_branch, threads)?;
+            let mut tok = vec![0i32; b * w];
+            let mut par = vec![-1i32; b * w];
+            let mut sc = vec![0f32; b * w];
+            let mut num = vec![0i32; b];
+            for (i, t) in trees.iter().enumerate() {
+                let n = t.num_nodes();
+                for (j, &x) in t.tokens.iter().enumerate() {
+                    tok[i * w + j] = x as i32;
+                }
+                par[i * w..i * w + n].copy_from_slice(&t.parents);
+                sc[i * w..i * w + n].copy_from_slice(&t.scores);
+                num[i] = n as i32;
+            }
+            Ok((tok, par, sc, num))
+        })?;
+        let shape = [b, w];
+        Ok((
+            PyArray1::from_vec(py, tok).reshape(shape)?,
+            PyArray1::from_vec(py, par).reshape(shape)?,
+            PyArray1::from_vec(py, sc).reshape(shape)?,
+            PyArray1::from_vec(py, num),
+        ))
+    }
+
+    #[pyo3(signature = (rid, keep_prompt=None))]
+    fn finish_request(
+        &self,
+        py: Python<'_>,
+        rid: &Bound<'_, PyAny>,
+        keep_prompt: Option<bool>,
+    ) -> PyResult<()> {
+        let rid = rid_of(py, rid)?;
+        run(py, || self.inner.finish_request(&rid, keep_prompt))
+    }
+
+    fn add_history(
+        &self,
+        py: Python<'_>,
+        corpus: Vec<PyReadonlyArray1<'_, u32>>,
+        namespace: &str,
+    ) -> PyResult<()> {
+        let texts: Vec<Vec<u32>> = corpus.iter().map(|a| a.as_array().to_vec()).collect();
+        run(py, || self.inner.add_history(&texts, namespace))
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = run(py, || Ok(self.inner.stats()))?;
+        let d = PyDict::new(py);
+        d.set_item("nodes", s.nodes)?;
+        d.set_item("history_nodes", s.history_nodes)?;
+        d.set_item("prompt_nodes", s.prompt_nodes)?;
+        d.set_item("capacity_nodes", s.capacity_nodes)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("live_requests", s.live_requests)?;
+        d.set_item("pending_prompts", s.pending_prompts)?;
+        d.set_item("namespaces", s.namespaces)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("evicted_nodes", s.evicted_nodes)?;
+        d.set_item("truncated_prompts", s.truncated_prompts)?;
+        Ok(d)
+    }
+
+    fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        run(py, || crate::persist::save(&self.inner, &path))
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (path, background_indexing=None))]
+    fn load(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        background_indexing: Option<bool>,
+    ) -> PyResult<Self> {
+        run(py, || crate::persist::load(&path, background_indexing)).map(|inner| PyCache { inner })
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        run(py, || self.inner.check_invariants())
+    }
+}
+
+/// Panics inside the core (for the test that a panic becomes an exception).
+#[pyfunction]
+pub fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
+    run(py, || -> Result<()> { panic!("deliberate test panic") })
+}

@@ -1,0 +1,426 @@
+//! One n-gram trie: window insertion, child lookup, leaf removal and invariant checks.
+//!
+//! A node stands for the n-gram spelled by the path from the root; its `count` is the number
+//! of indexed occurrences of that n-gram. Small fan-out is a sibling list scan; above
+//! `SIDE_AT` children a node gets a hash side table (token -> child), so the root and other
+//! hot nodes look up in O(1).
+
+use rustc_hash::FxHashMap;
+
+use crate::arena::{Arena, Node, NONE};
+use crate::error::{Error, Result};
+
+/// Children at which a node gets a hash side table.
+pub const SIDE_AT: usize = 8;
+/// Children below which a side table is dropped again (hysteresis against flapping).
+const SIDE_DROP: usize = 4;
+/// The root is slot 0 of every trie and is not counted against the capacity.
+pub const ROOT: u32 = 0;
+
+pub struct Trie {
+    pub(crate) arena: Arena,
+    sides: Vec<FxHashMap<u32, u32>>,
+    free_sides: Vec<u32>,
+    /// Nodes this trie may still allocate (reserved from the shared budget by the caller).
+    pub(crate) allowance: u64,
+    /// Bumped whenever a node is freed: cursors into the trie from an older epoch are stale.
+    pub(crate) epoch: u64,
+    /// CLOCK hand of the eviction sweep.
+    pub(crate) hand: u32,
+}
+
+impl Default for Trie {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Trie {
+    pub fn new() -> Self {
+        let mut arena = Arena::new();
+        arena.alloc(Node::new(0, NONE));
+        Trie {
+            arena,
+            sides: Vec::new(),
+            free_sides: Vec::new(),
+            allowance: 0,
+            epoch: 0,
+            hand: 1,
+        }
+    }
+
+    /// Nodes stored, root excluded (what counts against the capacity).
+    pub fn nodes(&self) -> u64 {
+        u64::from(self.arena.live()) - 1
+    }
+
+    /// Approximate heap bytes: node segments plus side tables.
+    pub fn bytes(&self) -> usize {
+        let side: usize = self
+            .sides
+            .iter()
+            .map(|m| m.capacity() * (std::mem::size_of::<(u32, u32)>() + 1))
+            .sum();
+        self.arena.bytes()
+            + side
+            + self.sides.capacity() * std::mem::size_of::<FxHashMap<u32, u32>>()
+    }
+
+    #[inline]
+    pub fn node(&self, i: u32) -> &Node {
+        self.arena.get(i)
+    }
+
+    /// Child of `n` with `token`, or `NONE`.
+    #[inline]
+    pub fn find_child(&self, n: u32, token: u32) -> u32 {
+        let node = self.arena.get(n);
+        if node.side != NONE {
+            return self.sides[node.side as usize]
+                .get(&token)
+                .copied()
+                .unwrap_or(NONE);
+        }
+        let mut c = node.first_child;
+        while c != NONE {
+            let cn = self.arena.get(c);
+            if cn.token == token {
+                return c;
+            }
+            c = cn.next_sibling;
+        }
+        NONE
+    }
+
+    /// Node of the n-gram `path`, or `NONE`.
+    pub fn walk(&self, path: &[u32]) -> u32 {
+        let mut n = ROOT;
+        for &t in path {
+            n = self.find_child(n, t);
+            if n == NONE {
+                return NONE;
+            }
+        }
+        n
+    }
+
+    /// Child of `n` with `token`, created (count 0) if missing; `NONE` when the allowance is
+    /// spent.
+    pub fn child_or_insert(&mut self, n: u32, token: u32) -> u32 {
+        let node = *self.arena.get(n);
+        let mut fanout = 0usize;
+        if node.side != NONE {
+            if let Some(&c) = self.sides[node.side as usize].get(&token) {
+                return c;
+            }
+        } else {
+            let mut c = node.first_child;
+            while c != NONE {
+                let cn = self.arena.get(c);
+                if cn.token == token {
+                    return c;
+                }
+                fanout += 1;
+                c = cn.next_sibling;
+            }
+        }
+        if self.allowance == 0 {
+            return NONE;
+        }
+        self.allowance -= 1;
+        let mut child = Node::new(token, n);
+        child.next_sibling = node.first_child;
+        let c = self.arena.alloc(child);
+        if node.first_child != NONE {
+            self.arena.get_mut(node.first_child).prev_sibling = c;
+        }
+        self.arena.get_mut(n).first_child = c;
+        if node.side != NONE {
+            self.sides[node.side as usize].insert(token, c);
+        } else if fanout + 1 > SIDE_AT {
+            self.make_side(n);
+        }
+        c
+    }
+
+    fn make_side(&mut self, n: u32) {
+        let mut map = FxHashMap::default();
+        let mut c = self.arena.get(n).first_child;
+        while c != NONE {
+            let cn = self.arena.get(c);
+            map.insert(cn.token, c);
+            c = cn.next_sibling;
+        }
+        let s = match self.free_sides.pop() {
+            Some(s) => {
+                self.sides[s as usize] = map;
+                s
+            }
+            None => {
+                self.sides.push(map);
+                (self.sides.len() - 1) as u32
+            }
+        };
+        self.arena.get_mut(n).side = s;
+    }
+
+    #[inline]
+    pub fn bump(&mut self, n: u32, by: u32) {
+        let c = &mut self.arena.get_mut(n).count;
+        *c = c.saturating_add(by);
+    }
+
+    /// Counts one occurrence of every prefix of `window` (one window of the text).
+    /// Returns false if the allowance ran out before the whole window was stored.
+    pub fn add_window(&mut self, window: &[u32]) -> bool {
+        let mut n = ROOT;
+        for &t in window {
+            n = self.child_or_insert(n, t);
+            if n == NONE {
+                return false;
+            }
+            self.bump(n, 1);
+        }
+        true
+    }
+
+    /// Indexes every window of `text` that starts in `starts`, each up to `depth` tokens.
+    /// Returns the first start not fully indexed (== starts.end when all fit).
+    pub fn add_windows(
+        &mut self,
+        text: &[u32],
+        depth: usize,
+        starts: std::ops::Range<usize>,
+    ) -> usize {
+        for s in starts.clone() {
+            let end = (s + depth).min(text.len());
+            if !self.add_window(&text[s..end]) {
+                return s;
+            }
+        }
+        starts.end
+    }
+
+    /// Iterates the children of `n` (sibling list order).
+    pub fn children(&self, n: u32) -> Children<'_> {
+        Children {
+            trie: self,
+            next: self.arena.get(n).first_child,
+        }
+    }
+
+    /// True if `n` has a child with a positive count.
+    pub fn has_continuation(&self, n: u32) -> bool {
+        self.children(n).any(|(_, c)| self.node(c).count > 0)
+    }
+
+    /// Unlinks and frees leaf `i` (not the root).
+    pub fn free_leaf(&mut self, i: u32) {
+        let node = *self.arena.get(i);
+        debug_assert!(i != ROOT && node.first_child == NONE && !node.is_free());
+        if node.prev_sibling != NONE {
+            self.arena.get_mut(node.prev_sibling).next_sibling = node.next_sibling;
+        } else {
+            self.arena.get_mut(node.parent).first_child = node.next_sibling;
+        }
+        if node.next_sibling != NONE {
+            self.arena.get_mut(node.next_sibling).prev_sibling = node.prev_sibling;
+        }
+        let ps = self.arena.get(node.parent).side;
+        if ps != NONE {
+            let map = &mut self.sides[ps as usize];
+            map.remove(&node.token);
+            if map.len() < SIDE_DROP {
+                self.sides[ps as usize] = FxHashMap::default();
+                self.free_sides.push(ps);
+                self.arena.get_mut(node.parent).side = NONE;
+            }
+        }
+        if node.side != NONE {
+            self.sides[node.side as usize] = FxHashMap::default();
+            self.free_sides.push(node.side);
+        }
+        self.arena.free(i);
+        self.epoch += 1;
+    }
+
+    /// Structural checks: links, side tables, unique child tokens, free list, node count.
+    pub fn check(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Invariant(m));
+        let slots = self.arena.slots();
+        let free = self.arena.free_list();
+        if free.len() != self.arena.free_len() as usize {
+            return bad(format!(
+                "free list has {} entries, expected {}",
+                free.len(),
+                self.arena.free_len()
+            ));
+        }
+        for &f in &free {
+            if !self.arena.get(f).is_free() {
+                return bad(format!("slot {f} on the free list is live"));
+            }
+        }
+        if self.arena.get(ROOT).is_free() || self.arena.get(ROOT).parent != NONE {
+            return bad("root is missing".into());
+        }
+        let mut seen_children = 0u64;
+        let mut used_sides = 0usize;
+        for i in 0..slots {
+            let n = self.arena.get(i);
+            if n.is_free() {
+                continue;
+            }
+            if i != ROOT {
+                let p = n.parent;
+                if p >= slots || self.arena.get(p).is_free() {
+                    return bad(format!("node {i} has a dead parent {p}"));
+                }
+                if self.find_child(p, n.token) != i {
+                    return bad(format!(
+                        "node {i} (token {}) not found under its parent {p}",
+                        n.token
+                    ));
+                }
+            }
+            let mut tokens = Vec::new();
+            let mut prev = NONE;
+            let mut c = n.first_child;
+            while c != NONE {
+                let cn = self.arena.get(c);
+                if cn.is_free() || cn.parent != i || cn.prev_sibling != prev {
+                    return bad(format!("child list of node {i} is broken at {c}"));
+                }
+                tokens.push(cn.token);
+                prev = c;
+                c = cn.next_sibling;
+                if tokens.len() > slots as usize {
+                    return bad(format!("child list of node {i} has a cycle"));
+                }
+            }
+            seen_children += tokens.len() as u64;
+            let k = tokens.len();
+            tokens.sort_unstable();
+            tokens.dedup();
+            if tokens.len() != k {
+                return bad(format!("node {i} has duplicate child tokens"));
+            }
+            if n.side != NONE {
+                used_sides += 1;
+                let map = &self.sides[n.side as usize];
+                if map.len() != k {
+                    return bad(format!(
+                        "side table of node {i} has {} entries for {k} children",
+                        map.len()
+                    ));
+                }
+            } else if k > SIDE_AT {
+                return bad(format!("node {i} has {k} children and no side table"));
+            }
+        }
+        if seen_children != self.nodes() {
+            return bad(format!(
+                "{} nodes reachable as children, {} live",
+                seen_children,
+                self.nodes()
+            ));
+        }
+        if used_sides + self.free_sides.len() != self.sides.len() {
+            return bad("side table slots leak".into());
+        }
+        Ok(())
+    }
+
+    /// Every live non-root node as (n-gram, count); for tests and persistence.
+    pub fn ngrams(&self) -> Vec<(Vec<u32>, u32)> {
+        let mut out = Vec::new();
+        let mut stack = vec![(ROOT, Vec::new())];
+        while let Some((n, path)) = stack.pop() {
+            for (t, c) in self.children(n) {
+                let mut p = path.clone();
+                p.push(t);
+                out.push((p.clone(), self.node(c).count));
+                stack.push((c, p));
+            }
+        }
+        out
+    }
+}
+
+pub struct Children<'a> {
+    trie: &'a Trie,
+    next: u32,
+}
+
+impl Iterator for Children<'_> {
+    /// (token, child index)
+    type Item = (u32, u32);
+
+    #[inline]
+    fn next(&mut self) -> Option<(u32, u32)> {
+        if self.next == NONE {
+            return None;
+        }
+        let c = self.next;
+        let n = self.trie.node(c);
+        self.next = n.next_sibling;
+        Some((n.token, c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn naive(text: &[u32], depth: usize) -> HashMap<Vec<u32>, u32> {
+        let mut m = HashMap::new();
+        for s in 0..text.len() {
+            for e in s + 1..=(s + depth).min(text.len()) {
+                *m.entry(text[s..e].to_vec()).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+
+    #[test]
+    fn counts_equal_naive_recount() {
+        let text: Vec<u32> = (0..400u32).map(|i| (i * 7 + i / 13) % 23).collect();
+        let mut t = Trie::new();
+        t.allowance = u64::MAX;
+        assert_eq!(t.add_windows(&text, 5, 0..text.len()), text.len());
+        t.check().unwrap();
+        let got: HashMap<_, _> = t.ngrams().into_iter().collect();
+        assert_eq!(got, naive(&text, 5));
+    }
+
+    #[test]
+    fn side_tables_appear_and_go() {
+        let mut t = Trie::new();
+        t.allowance = u64::MAX;
+        for tok in 0..20u32 {
+            t.add_window(&[tok]);
+        }
+        assert_ne!(t.node(ROOT).side, NONE);
+        t.check().unwrap();
+        for tok in 0..18u32 {
+            let c = t.find_child(ROOT, tok);
+            t.free_leaf(c);
+            t.check().unwrap();
+        }
+        assert_eq!(t.node(ROOT).side, NONE);
+        assert_eq!(t.nodes(), 2);
+        assert_ne!(t.find_child(ROOT, 19), NONE);
+    }
+
+    #[test]
+    fn allowance_bounds_insertion() {
+        let mut t = Trie::new();
+        t.allowance = 10;
+        let text: Vec<u32> = (0..100).collect();
+        let stop = t.add_windows(&text, 4, 0..100);
+        assert!(stop < 100);
+        assert_eq!(t.nodes(), 10);
+        t.check().unwrap();
+    }
+}
