@@ -3,6 +3,8 @@
 //! Segments have a fixed size and are never reallocated, so growing the arena never copies
 //! existing nodes (a writer holding a lock never stalls readers behind a multi-MB memcpy).
 
+use std::sync::Mutex;
+
 /// Index of "no node" (absent parent, child, sibling, side table).
 pub const NONE: u32 = u32::MAX;
 /// `parent` value of a slot on the free list.
@@ -45,6 +47,17 @@ impl Node {
     }
 }
 
+/// Full-size segments of dropped arenas, reused by new ones: a request's prompt trie then
+/// lands in memory that is already mapped (page faults cost more than building, in a VM).
+static SPARE: Mutex<Vec<Vec<Node>>> = Mutex::new(Vec::new());
+/// Most spare segments kept (x 1.8 MB); memory beyond this goes back to the allocator.
+const MAX_SPARE: usize = 16;
+
+fn fresh_segment() -> Vec<Node> {
+    let spare = SPARE.lock().ok().and_then(|mut v| v.pop());
+    spare.unwrap_or_else(|| Vec::with_capacity(SEG_LEN))
+}
+
 /// Fixed-size segments of nodes plus a free list threaded through `next_sibling`.
 #[derive(Default)]
 pub struct Arena {
@@ -62,6 +75,15 @@ impl Arena {
             free_head: NONE,
             free_len: 0,
         }
+    }
+
+    /// An arena expecting about `n` nodes: a big one starts with a full-size segment.
+    pub fn with_hint(n: u64) -> Self {
+        let mut a = Arena::new();
+        if n >= 1024 {
+            a.segs.push(fresh_segment());
+        }
+        a
     }
 
     /// Slots ever handed out (live + free); valid indices are `0..slots()`.
@@ -106,8 +128,11 @@ impl Arena {
         let seg = (self.slots >> SEG_BITS) as usize;
         if seg == self.segs.len() {
             // Small first segment: most prompt tries of short requests stay tiny.
-            let cap = if seg == 0 { 1024 } else { SEG_LEN };
-            self.segs.push(Vec::with_capacity(cap));
+            self.segs.push(if seg == 0 {
+                Vec::with_capacity(1024)
+            } else {
+                fresh_segment()
+            });
         }
         let s = &mut self.segs[seg];
         if s.len() == s.capacity() {
@@ -138,6 +163,22 @@ impl Arena {
             i = self.get(i).next_sibling;
         }
         out
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if let Ok(mut spare) = SPARE.lock() {
+            for mut seg in self.segs.drain(..) {
+                if spare.len() >= MAX_SPARE {
+                    break;
+                }
+                if seg.capacity() == SEG_LEN {
+                    seg.clear();
+                    spare.push(seg);
+                }
+            }
+        }
     }
 }
 

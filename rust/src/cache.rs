@@ -19,7 +19,7 @@ use crate::draft::{DraftTree, Sources};
 use crate::error::{Error, Result};
 use crate::evict::Budget;
 use crate::pool::Pool;
-use crate::trie::{Trie, ROOT};
+use crate::trie::{SortedWindows, Trie, ROOT};
 
 /// Tokens of one write-lock hold in `extend` / `add_history` / prompt merges.
 pub const CHUNK_TOKENS: usize = 64;
@@ -371,6 +371,16 @@ impl Shared {
             budget: Arc::clone(&self.budget),
             truncated: false,
         };
+        // Fast path: the exact node count is known before any node exists, so reserve it.
+        let sw = SortedWindows::new(text, depth);
+        let got = self.reserve(sw.nodes);
+        if got == sw.nodes {
+            p.trie = Trie::from_sorted(text, depth, &sw);
+            return p;
+        }
+        drop(sw);
+        // Short of budget even after eviction: index windows in text order until it is spent.
+        p.trie.allowance = got;
         let mut s = 0;
         while s < text.len() && !slot.cancel.load(Ordering::Relaxed) {
             let end = (s + BUILD_CHUNK).min(text.len());
@@ -867,7 +877,8 @@ mod tests {
     fn capacity_holds_with_a_huge_prompt_and_history() {
         let c = Cache::new(cfg(6, 500, true)).unwrap();
         let text: Vec<u32> = (0..3000u32).map(|i| (i * 31) % 97).collect();
-        c.add_history(&[text.clone()], "default").unwrap();
+        c.add_history(std::slice::from_ref(&text), "default")
+            .unwrap();
         assert!(c.stats().nodes <= 500);
         c.start_request(RequestId::Int(1), text.clone(), "default")
             .unwrap();

@@ -53,6 +53,14 @@ pub struct Cand {
     pub child: State,
 }
 
+/// Buffers reused across the expansions of one draft.
+#[derive(Default)]
+pub struct Scratch {
+    raw: Vec<(u32, u32, u32, u32, u32)>,
+    /// Fresh-match states already scored: (state, room asked, best-first list).
+    memo: Vec<(State, usize, Vec<Cand>)>,
+}
+
 struct Item {
     prob: f64,
     seq: u64,
@@ -88,35 +96,63 @@ impl Sources<'_> {
         ]
     }
 
-    /// State of the longest suffix of `ctx` (at most `max_depth - 1` tokens) that has a
-    /// continuation in a participating trie; `None` if no suffix has one.
-    pub fn match_suffix(&self, ctx: &[u32]) -> Option<State> {
-        let longest = ctx.len().min(self.max_depth.saturating_sub(1));
-        for k in (1..=longest).rev() {
-            let s = &ctx[ctx.len() - k..];
-            let mut st = EMPTY;
-            let mut any = false;
-            for (x, (trie, w)) in self.tries().into_iter().enumerate() {
-                if let Some(t) = trie.filter(|_| w > 0.0) {
-                    let n = t.walk(s);
-                    if n != NONE && t.has_continuation(n) {
-                        st[x] = n;
-                        any = true;
-                    }
+    /// State of the `k`-token suffix of `ctx` if it has a continuation in a participating trie.
+    fn probe(&self, ctx: &[u32], k: usize) -> Option<State> {
+        let s = &ctx[ctx.len() - k..];
+        let mut st = EMPTY;
+        let mut any = false;
+        for (x, (trie, w)) in self.tries().into_iter().enumerate() {
+            if let Some(t) = trie.filter(|_| w > 0.0) {
+                let n = t.walk(s);
+                if n != NONE && t.has_continuation(n) {
+                    st[x] = n;
+                    any = true;
                 }
             }
-            if any {
-                return Some(st);
-            }
         }
-        None
+        any.then_some(st)
     }
 
-    /// Scored continuations of `st`, best first (score desc, token asc), into `out`.
-    pub fn candidates(&self, st: State, out: &mut Vec<Cand>) {
+    /// State of the longest suffix of `ctx` (at most `max_depth - 1` tokens) that has a
+    /// continuation in a participating trie; `None` if no suffix has one.
+    ///
+    /// Every trie stores all windows ending at each indexed position, so every suffix of a
+    /// stored n-gram is stored too: "the k-suffix has a continuation" is monotone in k and a
+    /// binary search finds the longest. (After eviction removed some n-grams this may settle
+    /// on a shorter suffix than a linear scan would.)
+    pub fn match_suffix(&self, ctx: &[u32]) -> Option<State> {
+        let longest = ctx.len().min(self.max_depth.saturating_sub(1));
+        if longest == 0 {
+            return None;
+        }
+        if let Some(st) = self.probe(ctx, longest) {
+            return Some(st);
+        }
+        // Invariant: suffix `lo` has a continuation (or lo == 0), suffix `hi` has none.
+        let (mut lo, mut hi, mut best) = (0, longest, None);
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            match self.probe(ctx, mid) {
+                Some(st) => {
+                    lo = mid;
+                    best = Some(st);
+                }
+                None => hi = mid,
+            }
+        }
+        if lo == 0 {
+            return None;
+        }
+        best.or_else(|| self.probe(ctx, lo))
+    }
+
+    /// Scored continuations of `st`, best first (score desc, token asc), into `out`; only
+    /// the best `room` are kept.
+    pub fn candidates(&self, st: State, room: usize, scratch: &mut Scratch, out: &mut Vec<Cand>) {
         out.clear();
         // (token, count in prompt, count in history, child in prompt, child in history)
-        let mut raw: Vec<(u32, u32, u32, u32, u32)> = Vec::new();
+        let raw = &mut scratch.raw;
+        raw.clear();
         let mut sums = [0u64; 2];
         for (x, (trie, w)) in self.tries().into_iter().enumerate() {
             let Some(t) = trie.filter(|_| w > 0.0 && st[x] != NONE) else {
@@ -138,7 +174,10 @@ impl Sources<'_> {
         if raw.is_empty() {
             return;
         }
-        raw.sort_unstable_by_key(|r| (r.0, r.3 == NONE));
+        if sums[0] > 0 && sums[1] > 0 {
+            // Both tries continue: merge entries of the same token.
+            raw.sort_unstable_by_key(|r| (r.0, r.3 == NONE));
+        }
         let wp = if sums[0] > 0 { self.prompt_weight } else { 0.0 };
         let wo = if sums[1] > 0 { self.output_weight } else { 0.0 };
         let wsum = wp + wo;
@@ -168,21 +207,33 @@ impl Sources<'_> {
                 child: [r.3, r.4],
             });
         }
-        out.sort_unstable_by(|x, y| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token)));
+        let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
+        if room < out.len() {
+            if room == 0 {
+                out.clear();
+                return;
+            }
+            out.select_nth_unstable_by(room - 1, better);
+            out.truncate(room);
+        }
+        out.sort_unstable_by(better);
     }
 
     /// Continuations of draft node `i` of `tree`: those of its state, or, where that state
     /// has none (a window's end), those of a fresh match on context + path to `i`.
+    #[allow(clippy::too_many_arguments)]
     fn expand(
         &self,
         ctx: &[u32],
         tree: &DraftTree,
         i: usize,
         st: Option<State>,
+        room: usize,
+        scratch: &mut Scratch,
         out: &mut Vec<Cand>,
     ) {
         if let Some(st) = st {
-            self.candidates(st, out);
+            self.candidates(st, room, scratch, out);
             if !out.is_empty() || i == 0 {
                 return;
             }
@@ -199,10 +250,21 @@ impl Sources<'_> {
         let from_ctx = keep.saturating_sub(path.len()).min(ctx.len());
         buf.extend_from_slice(&ctx[ctx.len() - from_ctx..]);
         buf.extend_from_slice(&path[path.len().saturating_sub(keep)..]);
-        match self.match_suffix(&buf) {
-            Some(s) => self.candidates(s, out),
-            None => out.clear(),
+        let Some(st) = self.match_suffix(&buf) else {
+            out.clear();
+            return;
+        };
+        // Fresh matches of one draft often land on the same (short) suffix: reuse its list
+        // when it was computed for at least `room` entries (or was complete).
+        if let Some((_, want, cands)) = scratch.memo.iter().find(|m| m.0 == st) {
+            if *want >= room || cands.len() < *want {
+                out.clear();
+                out.extend(cands.iter().take(room).copied());
+                return;
+            }
         }
+        self.candidates(st, room, scratch, out);
+        scratch.memo.push((st, room, out.clone()));
     }
 
     /// Drafts up to `budget` nodes after `ctx` (non-empty; only its last `max_depth - 1`
@@ -216,6 +278,7 @@ impl Sources<'_> {
         };
         let mut probs = vec![1.0f64];
         let mut cands = Vec::new();
+        let mut scratch = Scratch::default();
         let root_state = self.match_suffix(ctx);
         if root_state.is_none() {
             return tree;
@@ -224,7 +287,7 @@ impl Sources<'_> {
             let mut st = root_state;
             let mut i = 0;
             while tree.num_nodes() <= budget {
-                self.expand(ctx, &tree, i, st, &mut cands);
+                self.expand(ctx, &tree, i, st, 1, &mut scratch, &mut cands);
                 let Some(best) = cands.first().copied() else {
                     break;
                 };
@@ -252,7 +315,7 @@ impl Sources<'_> {
                     seq += 1;
                 }
             };
-        self.expand(ctx, &tree, 0, root_state, &mut cands);
+        self.expand(ctx, &tree, 0, root_state, budget, &mut scratch, &mut cands);
         push_children(&mut heap, &cands, 0, 1.0, budget);
         while tree.num_nodes() <= budget {
             let Some(it) = heap.pop() else {
@@ -267,7 +330,15 @@ impl Sources<'_> {
             if room == 0 {
                 break;
             }
-            self.expand(ctx, &tree, i, Some(it.cand.child), &mut cands);
+            self.expand(
+                ctx,
+                &tree,
+                i,
+                Some(it.cand.child),
+                room,
+                &mut scratch,
+                &mut cands,
+            );
             push_children(&mut heap, &cands, i, it.prob, room);
         }
         tree
@@ -321,7 +392,12 @@ mod tests {
         let h = trie(&[&[5, 7], &[5, 7], &[5, 7], &[5, 6]], 3);
         let s = src(Some(&p), Some(&h), 3);
         let mut c = Vec::new();
-        s.candidates(s.match_suffix(&[5]).unwrap(), &mut c);
+        s.candidates(
+            s.match_suffix(&[5]).unwrap(),
+            8,
+            &mut Scratch::default(),
+            &mut c,
+        );
         assert_eq!(c[0].token, 6);
         assert!((c[0].score - (1.0 + 0.25) / 2.0).abs() < 1e-12);
         assert_eq!(c[1].token, 7);

@@ -37,7 +37,12 @@ impl Default for Trie {
 
 impl Trie {
     pub fn new() -> Self {
-        let mut arena = Arena::new();
+        Trie::with_hint(0)
+    }
+
+    /// A trie expecting about `nodes` nodes.
+    pub fn with_hint(nodes: u64) -> Self {
+        let mut arena = Arena::with_hint(nodes);
         arena.alloc(Node::new(0, NONE));
         Trie {
             arena,
@@ -201,6 +206,73 @@ impl Trie {
         starts.end
     }
 
+    /// Appends a new child of `n` known to be absent, `fanout` being `n`'s children so far.
+    fn push_new_child(&mut self, n: u32, token: u32, fanout: usize) -> u32 {
+        self.allowance -= 1;
+        let first = self.arena.get(n).first_child;
+        let mut child = Node::new(token, n);
+        child.next_sibling = first;
+        let c = self.arena.alloc(child);
+        if first != NONE {
+            self.arena.get_mut(first).prev_sibling = c;
+        }
+        self.arena.get_mut(n).first_child = c;
+        let side = self.arena.get(n).side;
+        if side != NONE {
+            self.sides[side as usize].insert(token, c);
+        } else if fanout + 1 > SIDE_AT {
+            self.make_side(n);
+        }
+        c
+    }
+
+    /// The trie of every window of `text` (each up to `depth` tokens), built by sorting the
+    /// windows: nodes are created in one pass in depth-first order (no lookups, contiguous
+    /// memory) and counts are the sizes of the sorted ranges sharing a prefix.
+    pub fn from_windows(text: &[u32], depth: usize) -> Trie {
+        Trie::from_sorted(text, depth, &SortedWindows::new(text, depth))
+    }
+
+    /// `from_windows` with the windows already sorted (their node count `sw.nodes` is known
+    /// before building, so the caller can reserve exactly that).
+    pub fn from_sorted(text: &[u32], depth: usize, sw: &SortedWindows) -> Trie {
+        let n = text.len();
+        let win = |s: u32| &text[s as usize..(s as usize + depth).min(n)];
+        let (order, lcp) = (&sw.order, &sw.lcp);
+        let mut t = Trie::with_hint(sw.nodes);
+        t.allowance = sw.nodes;
+        // stack[d]: (node, first sorted window through it, children so far) at depth d+1.
+        let mut stack: Vec<(u32, usize, usize)> = Vec::with_capacity(depth);
+        let mut root_children = 0usize;
+        for i in 0..n {
+            let w = win(order[i]);
+            let l = usize::from(lcp[i]);
+            while stack.len() > l {
+                let (node, start, _) = stack.pop().expect("non-empty");
+                t.arena.get_mut(node).count = (i - start).min(u32::MAX as usize) as u32;
+            }
+            for &tok in &w[l..] {
+                let c = match stack.last_mut() {
+                    Some(top) => {
+                        top.2 += 1;
+                        let (p, k) = (top.0, top.2 - 1);
+                        t.push_new_child(p, tok, k)
+                    }
+                    None => {
+                        root_children += 1;
+                        t.push_new_child(ROOT, tok, root_children - 1)
+                    }
+                };
+                stack.push((c, i, 0));
+            }
+        }
+        while let Some((node, start, _)) = stack.pop() {
+            t.arena.get_mut(node).count = (n - start).min(u32::MAX as usize) as u32;
+        }
+        debug_assert_eq!(t.allowance, 0);
+        t
+    }
+
     /// Iterates the children of `n` (sibling list order).
     pub fn children(&self, n: u32) -> Children<'_> {
         Children {
@@ -347,6 +419,39 @@ impl Trie {
     }
 }
 
+/// The windows of a text in sorted order, with the longest common prefix of each window and
+/// its predecessor: exactly the information that fixes the trie's shape.
+pub struct SortedWindows {
+    order: Vec<u32>,
+    lcp: Vec<u8>,
+    /// Nodes the trie of these windows has (root excluded).
+    pub nodes: u64,
+}
+
+impl SortedWindows {
+    pub fn new(text: &[u32], depth: usize) -> Self {
+        assert!(depth <= usize::from(u8::MAX) && text.len() < u32::MAX as usize);
+        let n = text.len();
+        let win = |s: u32| &text[s as usize..(s as usize + depth).min(n)];
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_unstable_by(|&a, &b| win(a).cmp(win(b)));
+        let mut lcp = vec![0u8; n];
+        let mut nodes = 0u64;
+        for i in 0..n {
+            let w = win(order[i]);
+            let l = if i == 0 {
+                0
+            } else {
+                let p = win(order[i - 1]);
+                p.iter().zip(w).take_while(|(a, b)| a == b).count()
+            };
+            lcp[i] = l as u8;
+            nodes += (w.len() - l) as u64;
+        }
+        SortedWindows { order, lcp, nodes }
+    }
+}
+
 pub struct Children<'a> {
     trie: &'a Trie,
     next: u32,
@@ -392,6 +497,27 @@ mod tests {
         t.check().unwrap();
         let got: HashMap<_, _> = t.ngrams().into_iter().collect();
         assert_eq!(got, naive(&text, 5));
+    }
+
+    #[test]
+    fn sorted_build_equals_incremental() {
+        for (len, alpha, depth) in [
+            (0usize, 3u32, 3usize),
+            (1, 3, 3),
+            (500, 3, 6),
+            (2000, 50, 12),
+            (300, 1, 4),
+        ] {
+            let text: Vec<u32> = (0..len as u32)
+                .map(|i| (i * i + 7 * i) % alpha.max(1) + (i % 5 == 0) as u32)
+                .collect();
+            let t = Trie::from_windows(&text, depth);
+            t.check().unwrap();
+            let got: HashMap<_, _> = t.ngrams().into_iter().collect();
+            assert_eq!(got, naive(&text, depth));
+            assert_eq!(t.nodes(), got.len() as u64);
+            assert_eq!(SortedWindows::new(&text, depth).nodes, t.nodes());
+        }
     }
 
     #[test]

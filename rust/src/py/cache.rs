@@ -2,6 +2,7 @@
 //! catches panics, so a bug surfaces as `lookahead.InternalError`, never an abort.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
@@ -11,6 +12,7 @@ use super::errors::to_pyerr;
 use crate::cache::{panic_message, Cache, Config, RequestId};
 use crate::draft::DraftTree;
 use crate::error::{Error, Result};
+use crate::trie::Trie;
 
 /// Runs `f` without the GIL; a panic becomes `Error::Internal`.
 fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T> + Send) -> PyResult<T> {
@@ -69,6 +71,7 @@ pub struct PyCache {
 #[pymethods]
 impl PyCache {
     #[new]
+    #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (max_depth, capacity_nodes, prompt_weight, output_weight, keep_prompt_as_history, background_indexing, index_threads=0))]
     fn new(
         py: Python<'_>,
@@ -253,6 +256,56 @@ impl PyCache {
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         run(py, || self.inner.check_invariants())
     }
+
+    /// Benchmark helper: times `iters` drafts (round-robin over `rids`) inside Rust, without
+    /// the GIL; returns nanoseconds per draft and the mean draft size.
+    fn _time_drafts<'py>(
+        &self,
+        py: Python<'py>,
+        rids: Vec<Bound<'py, PyAny>>,
+        budget: usize,
+        multi_branch: bool,
+        iters: usize,
+    ) -> PyResult<(Bound<'py, PyArray1<u64>>, f64)> {
+        let ids = rids
+            .iter()
+            .map(|r| rid_of(py, r))
+            .collect::<PyResult<Vec<_>>>()?;
+        if ids.is_empty() {
+            return Err(to_pyerr(py, Error::InvalidInput("rids is empty".into())));
+        }
+        let (ns, nodes) = run(py, || {
+            let mut ns = Vec::with_capacity(iters);
+            let mut nodes = 0usize;
+            for i in 0..iters {
+                let t0 = Instant::now();
+                let d = self
+                    .inner
+                    .draft(&ids[i % ids.len()], budget, multi_branch)?;
+                ns.push(t0.elapsed().as_nanos() as u64);
+                nodes += d.num_nodes() - 1;
+            }
+            Ok((ns, nodes as f64 / iters.max(1) as f64))
+        })?;
+        Ok((PyArray1::from_vec(py, ns), nodes))
+    }
+}
+
+/// Benchmark helper: builds a standalone prompt trie of `tokens` at `max_depth` and returns
+/// (nanoseconds, nodes, bytes).
+#[pyfunction]
+pub fn _time_index(
+    py: Python<'_>,
+    tokens: PyReadonlyArray1<'_, u32>,
+    max_depth: usize,
+) -> PyResult<(u64, u64, u64)> {
+    let text = tokens.as_array().to_vec();
+    run(py, || {
+        let t0 = Instant::now();
+        let t = Trie::from_windows(&text, max_depth);
+        let ns = t0.elapsed().as_nanos() as u64;
+        Ok((ns, t.nodes(), t.bytes() as u64))
+    })
 }
 
 /// Panics inside the core (for the test that a panic becomes an exception).

@@ -12,6 +12,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::_error_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(errors::_raise_error, m)?)?;
     m.add_function(wrap_pyfunction!(cache::_panic_for_test, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::_time_index, m)?)?;
     m.add("MAX_BUDGET", crate::cache::MAX_BUDGET)?;
     m.add("MAX_DEPTH", crate::cache::MAX_DEPTH)?;
     Ok(())
