@@ -1,0 +1,144 @@
+"""An obviously correct pure-Python model of `LookaheadCache` drafting (no eviction).
+
+It stores, per trie, `children[p][t]`: how often the n-gram `p + (t,)` occurs in the indexed
+text, and recomputes everything by brute force. It follows the documented rules of
+rust/README.md ("Drafting") literally:
+
+- prompt trie of a request: every n-gram (up to `max_depth` tokens) of its prompt;
+- namespace history: for every token passed to `extend` (and every prompt merged on finish,
+  and every `add_history` text), the n-grams ending at that token;
+- match: the longest suffix (<= max_depth - 1 tokens) of the context with a continuation in a
+  participating trie (weight > 0), scanning lengths from longest to shortest;
+- score(t) = (w_p * c_P/S_P + w_o * c_H/S_H) / (w_p + w_o) over the tries still tracked;
+- single branch: argmax chain (ties: smaller token); tree: best-first by path probability,
+  ties by push order, children pushed best first; a node without continuations is extended by
+  a fresh match on the last max_depth - 1 tokens of context + path.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+Counts = dict[tuple, dict[int, int]]
+
+
+def _windows_into(children: Counts, text: list[int], depth: int, ends: range) -> None:
+    for j in ends:
+        for s in range(max(0, j - depth + 1), j + 1):
+            p = tuple(text[s:j])
+            children.setdefault(p, defaultdict(int))[text[j]] += 1
+
+
+class ReferenceCache:
+    """Brute-force model of `lookahead.LookaheadCache` (same method names)."""
+
+    def __init__(
+        self, max_depth=12, prompt_weight=1.0, output_weight=1.0, keep_prompt_as_history=False
+    ):
+        self.depth = max_depth
+        self.wp = float(prompt_weight)
+        self.wo = float(output_weight)
+        self.keep = keep_prompt_as_history
+        self.history: dict[str, Counts] = defaultdict(dict)
+        self.requests: dict = {}
+
+    def start_request(self, rid, prompt, namespace="default"):
+        prompt = [int(t) for t in prompt]
+        assert rid not in self.requests and prompt
+        ptrie: Counts = {}
+        _windows_into(ptrie, prompt, self.depth, range(len(prompt)))
+        self.requests[rid] = {"ns": namespace, "prompt": prompt, "ctx": list(prompt), "trie": ptrie}
+
+    def extend(self, rid, tokens):
+        r = self.requests[rid]
+        start = len(r["ctx"])
+        r["ctx"].extend(int(t) for t in tokens)
+        _windows_into(self.history[r["ns"]], r["ctx"], self.depth, range(start, len(r["ctx"])))
+
+    def finish_request(self, rid, keep_prompt=None):
+        r = self.requests.pop(rid)
+        if self.keep if keep_prompt is None else keep_prompt:
+            self.add_history([r["prompt"]], r["ns"])
+
+    def add_history(self, corpus, namespace="default"):
+        for text in corpus:
+            text = [int(t) for t in text]
+            _windows_into(self.history[namespace], text, self.depth, range(len(text)))
+
+    # drafting -------------------------------------------------------------------------
+    def _tries(self, r):
+        return [(r["trie"], self.wp), (self.history[r["ns"]], self.wo)]
+
+    @staticmethod
+    def _cont(trie: Counts, p: tuple) -> dict[int, int]:
+        return {t: c for t, c in trie.get(p, {}).items() if c > 0}
+
+    def _match(self, r, ctx):
+        for k in range(min(len(ctx), self.depth - 1), 0, -1):
+            p = tuple(ctx[-k:])
+            tracked = tuple(w > 0 and bool(self._cont(trie, p)) for trie, w in self._tries(r))
+            if any(tracked):
+                return p, tracked
+        return None
+
+    def _candidates(self, r, state):
+        p, tracked = state
+        conts = [
+            self._cont(trie, p) if on else {} for (trie, _), on in zip(self._tries(r), tracked)
+        ]
+        sums = [sum(c.values()) for c in conts]
+        wp = self.wp if sums[0] > 0 else 0.0
+        wo = self.wo if sums[1] > 0 else 0.0
+        out = []
+        for t in set(conts[0]) | set(conts[1]):
+            cp, ch = conts[0].get(t, 0), conts[1].get(t, 0)
+            a = wp * cp / sums[0] if sums[0] > 0 else 0.0
+            b = wo * ch / sums[1] if sums[1] > 0 else 0.0
+            out.append(((a + b) / (wp + wo), t, (p + (t,), (cp > 0, ch > 0))))
+        out.sort(key=lambda x: (-x[0], x[1]))
+        return out
+
+    def _expand(self, r, path_tokens, state, is_root):
+        cands = self._candidates(r, state) if state is not None else []
+        if cands or is_root:
+            return cands
+        buf = (r["ctx"] + path_tokens)[-(self.depth - 1) :]
+        st = self._match(r, buf)
+        return self._candidates(r, st) if st is not None else []
+
+    def draft(self, rid, budget=16, multi_branch=True):
+        """(tokens, parents, scores) lists, node 0 = last context token."""
+        r = self.requests[rid]
+        tokens, parents, probs, paths = [r["ctx"][-1]], [-1], [1.0], [[]]
+        root = self._match(r, r["ctx"])
+        if root is None:
+            return tokens, parents, probs
+        if not multi_branch:
+            state, i = root, 0
+            while len(tokens) <= budget:
+                cands = self._expand(r, paths[i], state, i == 0)
+                if not cands:
+                    break
+                score, t, child = cands[0]
+                tokens.append(t)
+                parents.append(i)
+                probs.append(probs[i] * score)
+                paths.append(paths[i] + [t])
+                i, state = len(tokens) - 1, child
+            return tokens, parents, probs
+        heap, seq = [], 0
+        for score, t, child in self._expand(r, [], root, True):
+            heapq.heappush(heap, (-(1.0 * score), seq, 0, t, child))
+            seq += 1
+        while len(tokens) <= budget and heap:
+            negp, _, par, t, child = heapq.heappop(heap)
+            i = len(tokens)
+            tokens.append(t)
+            parents.append(par)
+            probs.append(-negp)
+            paths.append(paths[par] + [t])
+            for score, t2, child2 in self._expand(r, paths[i], child, False):
+                heapq.heappush(heap, (-(probs[i] * score), seq, i, t2, child2))
+                seq += 1
+        return tokens, parents, probs

@@ -1,0 +1,260 @@
+"""The public API of `lookahead.LookaheadCache`: argument checks, errors, stats, save/load."""
+
+from __future__ import annotations
+
+import lookahead
+import numpy as np
+import pytest
+from lookahead import (
+    InvalidInput,
+    LookaheadCache,
+    LookaheadError,
+    RequestExists,
+    UnknownRequest,
+    _core,
+    errors,
+)
+
+
+@pytest.fixture
+def cache():
+    c = LookaheadCache(max_depth=4, capacity_nodes=100_000, background_indexing=False)
+    c.start_request(1, [5, 6, 7, 5, 6, 8])
+    return c
+
+
+def test_every_core_error_maps_to_a_lookahead_exception():
+    kinds = _core._error_kinds()
+    assert {k for k, _ in kinds} == {
+        "InvalidInput",
+        "UnknownRequest",
+        "RequestExists",
+        "Io",
+        "Format",
+        "Invariant",
+        "Internal",
+    }
+    builtin = {
+        "InvalidInput": ValueError,
+        "UnknownRequest": KeyError,
+        "RequestExists": ValueError,
+        "Io": OSError,
+        "Format": ValueError,
+        "Invariant": RuntimeError,
+        "Internal": RuntimeError,
+    }
+    for kind, name in kinds:
+        cls = getattr(errors, name)
+        with pytest.raises(cls, match="^msg ä$") as info:
+            _core._raise_error(kind, "msg ä")
+        assert isinstance(info.value, LookaheadError)
+        assert isinstance(info.value, builtin[kind])
+
+
+def test_a_panic_becomes_an_internal_error():
+    with pytest.raises(errors.InternalError, match="deliberate test panic"):
+        _core._panic_for_test()
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ([1, -1], ">= 0"),
+        ([2**32], "2\\*\\*32"),
+        (np.array([2**32], dtype=np.int64), "< 2\\*\\*32"),
+        (np.array([-3], dtype=np.int32), ">= 0"),
+        ([1.5], "integers"),
+        (np.array([1.0, 2.0]), "integers"),
+        ([True, 2], "bool"),
+        (np.array([True]), "integers"),
+        (np.zeros((2, 2), dtype=np.int64), "1-D"),
+        (np.int64(3), "1-D"),
+        ("abc", "sequence"),
+        ([1, "a"], "integers"),
+        ([2**70], "2\\*\\*32"),
+        (5, "sequence"),
+    ],
+)
+def test_bad_token_ids_raise_invalid_input(cache, bad, match):
+    with pytest.raises(InvalidInput, match=match):
+        cache.extend(1, bad)
+    with pytest.raises(InvalidInput):
+        cache.start_request(2, bad)
+    with pytest.raises(InvalidInput):
+        cache.add_history([bad])
+
+
+def test_bad_arguments(cache):
+    with pytest.raises(InvalidInput, match="at least one token"):
+        cache.start_request(2, [])
+    for budget in (0, -1, True, 1.5, _core.MAX_BUDGET + 1):
+        with pytest.raises(InvalidInput, match="budget"):
+            cache.draft(1, budget=budget)
+        with pytest.raises(InvalidInput, match="budget"):
+            cache.draft_batch([1], budget=budget)
+    for rid in (None, 1.0, True, (1,), 2**64):
+        with pytest.raises(InvalidInput, match="request id"):
+            cache.draft(rid)
+    with pytest.raises(InvalidInput, match="namespace"):
+        cache.start_request(3, [1], namespace=1)
+    with pytest.raises(InvalidInput, match="keep_prompt"):
+        cache.finish_request(1, keep_prompt=1)
+    for kw in (
+        {"max_depth": 1},
+        {"max_depth": 65},
+        {"capacity_nodes": 0},
+        {"prompt_weight": -1.0},
+        {"prompt_weight": 0.0, "output_weight": 0.0},
+        {"output_weight": float("nan")},
+        {"max_depth": 2.5},
+    ):
+        with pytest.raises(InvalidInput):
+            LookaheadCache(**kw)
+
+
+def test_unknown_and_reused_request_ids(cache):
+    with pytest.raises(RequestExists, match="already live"):
+        cache.start_request(1, [1])
+    with pytest.raises(UnknownRequest, match="not live"):
+        cache.extend(9, [1])
+    with pytest.raises(UnknownRequest):
+        cache.draft("nope")
+    with pytest.raises(UnknownRequest):
+        cache.draft_batch([1, 9])
+    cache.finish_request(1)
+    for call in (
+        lambda: cache.draft(1),
+        lambda: cache.extend(1, [1]),
+        lambda: cache.finish_request(1),
+    ):
+        with pytest.raises(UnknownRequest):
+            call()
+    # A finished id may start a new request; an int and a str id never collide.
+    cache.start_request(1, [3])
+    cache.start_request("1", [3])
+    assert cache.stats()["live_requests"] == 2
+
+
+def test_inputs_lists_numpy_and_zero_copy(cache):
+    cache.extend(1, np.array([5, 6], dtype=np.int16))
+    cache.extend(1, np.array([7], dtype=np.uint64))
+    cache.extend(1, (5,))
+    cache.extend(1, np.arange(10, dtype=np.int64)[::3])  # non-contiguous
+    cache.extend_ndarray(1, np.array([5, 6], dtype=np.uint32))
+    cache.extend(1, [])
+    d = cache.draft(1, budget=3, multi_branch=False)
+    assert (
+        d.tokens.dtype == np.int32 and d.parents.dtype == np.int32 and d.scores.dtype == np.float32
+    )
+    assert d.tokens[0] == 6 and d.parents[0] == -1 and d.scores[0] == 1.0
+    assert d.num_nodes == len(d.tokens) >= 2
+    cache.check_invariants()
+
+
+def test_draft_follows_the_prompt_and_empty_draft(cache):
+    d = cache.draft(1, budget=4, multi_branch=True)
+    # Context "5 6 7 5 6 8": suffix "6 8" is unseen, "8" too -> nothing matched.
+    assert d.num_nodes == 1 and d.tokens.tolist() == [8] and d.parents.tolist() == [-1]
+    cache.extend(1, [5])
+    d = cache.draft(1, budget=4, multi_branch=True)
+    # After "8 5": prompt continues "5 6" (twice), then "6 7" / "6 8" (once each).
+    assert d.tokens.tolist()[:2] == [5, 6]
+    assert d.parents.tolist()[:2] == [-1, 0]
+    assert set(d.tokens.tolist()[2:4]) == {7, 8}
+    s = cache.stats()
+    assert (s["hits"], s["misses"]) == (1, 1)
+
+
+def test_namespaces_are_isolated():
+    c = LookaheadCache(max_depth=3, background_indexing=False)
+    c.add_history([[1, 2, 3, 4]], namespace="a")
+    c.start_request("x", [9, 1], namespace="a")
+    c.start_request("y", [9, 1], namespace="b")
+    c.start_request("z", [9, 1])
+    assert c.draft("x", budget=3).tokens.tolist() == [1, 2, 3, 4]
+    assert c.draft("y", budget=3).num_nodes == 1
+    assert c.draft("z", budget=3).num_nodes == 1
+    c.extend("y", [2, 7])
+    c.start_request("w", [1], namespace="b")
+    assert c.draft("w", budget=1).tokens.tolist() == [1, 2]
+    assert c.stats()["namespaces"] == 3
+
+
+def test_keep_prompt_merges_into_history():
+    c = LookaheadCache(max_depth=3, background_indexing=False)
+    c.start_request(1, [4, 5, 6])
+    c.finish_request(1, keep_prompt=True)
+    c.start_request(2, [7, 3, 4])
+    assert c.draft(2, budget=2, multi_branch=False).tokens.tolist() == [4, 5, 6]
+    c.start_request(3, [8, 9, 1])
+    c.finish_request(3)  # the constructor's default: dropped
+    c.start_request(4, [8, 9])
+    assert c.draft(4, budget=2).num_nodes == 1
+    s = c.stats()
+    assert s["nodes"] == s["history_nodes"] + s["prompt_nodes"] and s["live_requests"] == 2
+
+
+def test_capacity_holds_and_eviction_counts():
+    c = LookaheadCache(max_depth=6, capacity_nodes=2_000, background_indexing=True)
+    rng = np.random.default_rng(1)
+    for i in range(30):
+        c.add_history([rng.integers(0, 50, size=200)])
+        c.start_request(i, rng.integers(0, 50, size=300))
+        c.extend(i, rng.integers(0, 50, size=40))
+        c.draft(i, budget=8)
+        s = c.stats()
+        assert s["nodes"] <= 2_000, s
+        c.check_invariants()
+        if i % 3 == 0:
+            c.finish_request(i, keep_prompt=bool(i % 2))
+    s = c.stats()
+    assert s["evicted_nodes"] > 0 and s["capacity_nodes"] == 2_000
+
+
+def test_a_prompt_bigger_than_the_capacity_is_truncated():
+    c = LookaheadCache(max_depth=12, capacity_nodes=1_000, background_indexing=False)
+    c.start_request(1, np.arange(5_000) % 977)
+    s = c.stats()
+    assert s["prompt_nodes"] == 1_000 and s["truncated_prompts"] == 1
+    c.check_invariants()
+    c.finish_request(1)
+    assert c.stats()["nodes"] == 0
+
+
+def test_save_load_round_trip(tmp_path):
+    c = LookaheadCache(
+        max_depth=5, capacity_nodes=50_000, prompt_weight=0.5, background_indexing=False
+    )
+    rng = np.random.default_rng(2)
+    c.add_history([rng.integers(0, 30, size=500) for _ in range(3)])
+    c.add_history([[1, 2, 3, 1, 2, 4]], namespace="t")
+    c.start_request(1, [9, 9])
+    c.extend(1, [1, 2, 3])
+    path = tmp_path / "cache.lkh"
+    c.save(path)
+    d = LookaheadCache.load(path)
+    d.check_invariants()
+    assert d.config == c.config
+    s, t = c.stats(), d.stats()
+    assert t["history_nodes"] == s["history_nodes"] and t["live_requests"] == 0
+    for ctx in ([1, 2], [7, 1], list(rng.integers(0, 30, size=4))):
+        c.start_request("q", ctx)
+        d.start_request("q", ctx)
+        a, b = c.draft("q", budget=8), d.draft("q", budget=8)
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+        c.finish_request("q")
+        d.finish_request("q")
+    (tmp_path / "junk").write_bytes(b"not a save file at all")
+    with pytest.raises(errors.FileFormatError):
+        LookaheadCache.load(tmp_path / "junk")
+    with pytest.raises(errors.PersistError):
+        LookaheadCache.load(tmp_path / "missing")
+    with pytest.raises(errors.PersistError):
+        c.save(tmp_path / "no-such-dir" / "x")
+
+
+def test_package_exports():
+    for name in ("LookaheadCache", "Draft", "BatchDraft", "LookaheadError", "InvalidInput"):
+        assert name in lookahead.__all__
+    assert issubclass(UnknownRequest, KeyError) and issubclass(RequestExists, ValueError)
+    assert str(UnknownRequest("request 3 is not live")) == "request 3 is not live"

@@ -1,0 +1,95 @@
+"""Drafts of `LookaheadCache` equal those of the brute-force model in tests/reference_trie.py.
+
+Comparison: with a capacity large enough that nothing is evicted, after every operation of
+a random sequence (start / extend / draft / finish / add_history over two namespaces), the
+draft of every live request has exactly the reference's tokens and parents, and its scores
+equal the reference's float64 path probabilities rounded to float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from lookahead import LookaheadCache
+from reference_trie import ReferenceCache
+
+ALPHABET = 4  # small, so n-grams repeat and trees branch
+tokens = st.lists(st.integers(0, ALPHABET - 1), min_size=1, max_size=24)
+namespaces = st.sampled_from(["default", "b"])
+
+op = st.one_of(
+    st.tuples(st.just("start"), st.integers(0, 3), tokens, namespaces),
+    st.tuples(st.just("extend"), st.integers(0, 3), tokens),
+    st.tuples(st.just("finish"), st.integers(0, 3), st.sampled_from([None, True, False])),
+    st.tuples(st.just("history"), st.lists(tokens, max_size=3), namespaces),
+    st.tuples(st.just("draft"), st.integers(0, 3), st.integers(1, 12), st.booleans()),
+)
+
+weights = st.sampled_from([(1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (2.0, 0.5), (0.3, 1.7)])
+
+
+def assert_same_draft(cache, ref, rid, budget, multi):
+    got = cache.draft(rid, budget=budget, multi_branch=multi)
+    want_t, want_p, want_s = ref.draft(rid, budget, multi)
+    where = f"request {rid}, budget {budget}, multi_branch={multi}"
+    assert got.tokens.tolist() == want_t, where
+    assert got.parents.tolist() == want_p, where
+    np.testing.assert_array_equal(got.scores, np.asarray(want_s, dtype=np.float32), err_msg=where)
+    assert got.num_nodes == len(want_t) <= budget + 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    depth=st.integers(2, 5),
+    w=weights,
+    keep=st.booleans(),
+    background=st.booleans(),
+    ops=st.lists(op, max_size=25),
+)
+def test_drafts_match_reference(depth, w, keep, background, ops):
+    kw = dict(max_depth=depth, prompt_weight=w[0], output_weight=w[1], keep_prompt_as_history=keep)
+    cache = LookaheadCache(capacity_nodes=1_000_000, background_indexing=background, **kw)
+    ref = ReferenceCache(**kw)
+    for o in ops:
+        kind = o[0]
+        if kind == "start" and o[1] not in ref.requests:
+            cache.start_request(o[1], o[2], namespace=o[3])
+            ref.start_request(o[1], o[2], namespace=o[3])
+        elif kind == "extend" and o[1] in ref.requests:
+            cache.extend(o[1], o[2])
+            ref.extend(o[1], o[2])
+        elif kind == "finish" and o[1] in ref.requests:
+            cache.finish_request(o[1], keep_prompt=o[2])
+            ref.finish_request(o[1], keep_prompt=o[2])
+        elif kind == "history":
+            cache.add_history(o[1], namespace=o[2])
+            ref.add_history(o[1], namespace=o[2])
+        elif kind == "draft" and o[1] in ref.requests:
+            assert_same_draft(cache, ref, o[1], o[2], o[3])
+        cache.check_invariants()
+    for rid in sorted(ref.requests):
+        for budget, multi in ((1, False), (6, False), (6, True), (12, True)):
+            assert_same_draft(cache, ref, rid, budget, multi)
+    assert cache.stats()["evicted_nodes"] == 0
+
+
+def test_batch_rows_equal_single_drafts():
+    cache = LookaheadCache(max_depth=4, background_indexing=False)
+    rng = np.random.default_rng(0)
+    for rid in range(9):
+        cache.start_request(rid, rng.integers(0, 5, size=40))
+        cache.extend(rid, rng.integers(0, 5, size=7))
+    for multi in (True, False):
+        bd = cache.draft_batch(list(range(9)), budget=5, multi_branch=multi, threads=3)
+        assert bd.tokens.shape == bd.parents.shape == bd.scores.shape == (9, 6)
+        for rid in range(9):
+            d = cache.draft(rid, budget=5, multi_branch=multi)
+            row = bd.row(rid)
+            assert row.num_nodes == d.num_nodes
+            np.testing.assert_array_equal(row.tokens, d.tokens)
+            np.testing.assert_array_equal(row.parents, d.parents)
+            np.testing.assert_array_equal(row.scores, d.scores)
+            n = d.num_nodes
+            assert (bd.tokens[rid, n:] == 0).all() and (bd.parents[rid, n:] == -1).all()
+            assert (bd.scores[rid, n:] == 0).all()
