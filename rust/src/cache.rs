@@ -267,6 +267,8 @@ pub struct Cache {
 /// Counters and sizes reported by `Cache::stats`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
+    /// Nodes stored or reserved by operations in progress: always <= `capacity_nodes`, and
+    /// `history_nodes + prompt_nodes` when the cache is idle.
     pub nodes: u64,
     pub history_nodes: u64,
     pub prompt_nodes: u64,
@@ -659,7 +661,9 @@ impl Cache {
                 s.pending_prompts += 1;
             }
         }
-        s.nodes = s.history_nodes + s.prompt_nodes;
+        // The per-trie sums are read one trie at a time, so under concurrent operations they
+        // are no snapshot; the budget is (stored plus reserved nodes, never above capacity).
+        s.nodes = self.shared.budget.used();
         s
     }
 
@@ -709,6 +713,25 @@ impl Cache {
             )));
         }
         Ok(())
+    }
+
+    /// Every stored n-gram of `namespace`'s history with its count (tests and debugging).
+    pub fn history_ngrams(&self, namespace: &str) -> Vec<(Vec<u32>, u32)> {
+        let all = read(&self.shared.namespaces);
+        match all.iter().find(|n| n.name == namespace) {
+            Some(ns) => read(&ns.history).ngrams(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Every n-gram of `rid`'s prompt trie with its count (waits for indexing).
+    pub fn prompt_ngrams(&self, rid: &RequestId) -> Result<Vec<(Vec<u32>, u32)>> {
+        Ok(self.request(rid)?.prompt.wait()?.trie.ngrams())
+    }
+
+    /// The last `max_depth - 1` (or more) tokens of `rid`'s context.
+    pub fn context_tail(&self, rid: &RequestId) -> Result<Vec<u32>> {
+        Ok(lock(&self.request(rid)?.state).tail.clone())
     }
 
     /// Namespaces and their history tries, for persistence.
