@@ -40,7 +40,8 @@ def sglang_full_mask_loop(tree_mask_np: np.ndarray, seq_lens: list[int], device:
     W = tree_mask_np.shape[1]
     blocks = []
     for i, seq_len in enumerate(seq_lens):
-        req_mask = torch.ones((W, seq_len), device=device)
+        # As in SGLang: float32 ones allocated on the host, then copied (`.cuda()`).
+        req_mask = torch.ones((W, seq_len)).to(device)
         req_mask = torch.cat((req_mask, torch.from_numpy(tree_mask_np[i]).to(device)), dim=1)
         blocks.append(req_mask.to(torch.bool).flatten())
     return torch.cat(blocks, dim=0)
