@@ -1,0 +1,89 @@
+"""Shared bench helpers: machine and version info, percentiles, JSON output."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+PEER_DISTRIBUTIONS = (
+    "lookahead-spec",
+    "sglang",
+    "apache-tvm-ffi",
+    "arctic-inference",
+    "transformers",
+    "torch",
+    "numpy",
+    "numba",
+)
+
+
+def machine() -> str:
+    """One line: CPU model, cores, OS, Python."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} cpus, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def versions(names=PEER_DISTRIBUTIONS) -> dict[str, str]:
+    """Installed version of each distribution, or "not installed"."""
+    out = {}
+    for n in names:
+        try:
+            out[n] = importlib.metadata.version(n)
+        except importlib.metadata.PackageNotFoundError:
+            out[n] = "not installed"
+    return out
+
+
+def now() -> str:
+    """UTC timestamp, seconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def percentile(values, q: float) -> float:
+    """The q-th percentile (0..100) of `values`, NaN when empty."""
+    a = np.asarray(values, dtype=np.float64)
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+def header(command: str) -> dict:
+    """The context every result file starts with."""
+    return {"command": command, "date": now(), "machine": machine(), "versions": versions()}
+
+
+def write_json(path: str | os.PathLike, payload: dict) -> None:
+    """Write `payload` as indented JSON (NaN as null)."""
+
+    def clean(x):
+        if isinstance(x, float) and x != x:
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(clean(payload), indent=1) + "\n")
+
+
+def command_line(prog: str, argv) -> str:
+    """The command as a user would type it."""
+    return " ".join([prog, *(sys.argv[1:] if argv is None else list(argv))])

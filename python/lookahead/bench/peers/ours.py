@@ -1,0 +1,40 @@
+"""Ours: `lookahead.LookaheadCache`, fed as the HF engine feeds it.
+
+One cache for all requests; `start_request(prompt)`, then `extend` with the prefill's token and
+with every step's verified tokens, `draft(budget, multi_branch)`, `finish_request`. Prompt
+indexing runs in the foreground here (`background_indexing=False`) so its cost is counted at
+request start, not hidden in the first draft. Extra keyword arguments go to the constructor, so
+the simulator can score the cache's knobs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class LookaheadDrafter:
+    """Our trie, single-branch (`multi_branch=False`) or multi-branch."""
+
+    def __init__(self, multi_branch: bool = True, label: str = "", **cache_kwargs):
+        from lookahead import LookaheadCache
+
+        cache_kwargs.setdefault("background_indexing", False)
+        self.cache = LookaheadCache(**cache_kwargs)
+        self.multi_branch = multi_branch
+        self.name = (
+            "lookahead " + ("multi" if multi_branch else "single") + (f" {label}" if label else "")
+        )
+
+    def start_request(self, rid, prompt):
+        self.cache.start_request(rid, prompt)
+
+    def draft(self, rid, context, budget):
+        d = self.cache.draft(rid, budget=budget, multi_branch=self.multi_branch)
+        # Node 0 is the root (the last context token): drop it and shift the parents.
+        return d.tokens[1:].tolist(), (d.parents[1:].astype(np.int64) - 1).tolist()
+
+    def extend(self, rid, context, new_tokens):
+        self.cache.extend(rid, new_tokens)
+
+    def finish_request(self, rid):
+        self.cache.finish_request(rid)

