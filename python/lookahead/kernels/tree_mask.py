@@ -133,15 +133,17 @@ def tree_metadata_ref(
 
     # Pointer doubling: `mask` holds the ancestors at distance < 2^k (and the node itself),
     # `jump` the 2^k-th ancestor; merging the rows of `jump` doubles k. Fixed shape, no
-    # host syncs, no BLAS, so it runs the same on any device.
+    # BLAS; log2(W) rounds at most, and on CPU it stops once no jump is left.
     is_child = par[:, :, None] == idx  # [b, i, j]: j is the parent of i
     mask = is_child | (idx[:, None] == idx)
     jump = torch.where(par >= 0, par.gather(1, par.clamp(min=0)), -1)
-    for _ in range(max(W - 1, 1).bit_length()):
+    for _ in range(max(W - 1, 1).bit_length() - 1):
         has = jump >= 0
-        rows = mask.gather(1, jump.clamp(min=0)[:, :, None].expand(B, W, W))
-        mask = mask | (rows & has[:, :, None])
-        jump = torch.where(has, jump.gather(1, jump.clamp(min=0)), -1)
+        if dev.type == "cpu" and not bool(has.any()):
+            break
+        j = jump.clamp(min=0)
+        mask = mask | (mask.gather(1, j[:, :, None].expand(B, W, W)) & has[:, :, None])
+        jump = torch.where(has, jump.gather(1, j), -1)
     depth = (mask.sum(-1) - 1).to(torch.int32)
 
     retrieve_index = torch.where(real, torch.arange(B * W, device=dev).view(B, W), -1)
