@@ -540,6 +540,8 @@ impl Cache {
     }
 
     fn draft_req(&self, req: &Request, budget: usize, multi_branch: bool) -> Result<DraftTree> {
+        // Busy: a draft may hold the prompt trie of a request finished meanwhile.
+        let _busy = Busy::new(&self.shared);
         let tail = lock(&req.state).tail.clone();
         let prompt = req.prompt.wait()?;
         let h = read(&req.ns.history);
