@@ -1,0 +1,209 @@
+"""End to end on CPU: `lookahead bench e2e`.
+
+The default model (bf16 by default), batch 1, greedy, on a fixed Spec-Bench sample of every
+category: plain `generate`, HF prompt lookup decoding (`generate(prompt_lookup_num_tokens=10)`)
+and lookahead (`lookahead.engine.LookaheadGenerator`, one cache kept across the prompts, as a
+server keeps it; `--fresh-cache` uses `lookahead.engine.generate`, a new cache per prompt).
+The three run interleaved per prompt, in an order rotated from prompt to prompt, so machine
+drift hits all alike. Reports tokens/s and speed-up over plain decoding per category, and
+whether each method's tokens equal plain greedy decoding's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from lookahead.bench.harness import command_line, header, write_json
+from lookahead.bench.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions
+
+METHODS = ("plain", "pld", "lookahead")
+
+
+def _plot(summary, cats, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = [*cats, "overall"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.2))
+    width = 0.27
+    for i, m in enumerate(METHODS):
+        xs = [j + (i - 1) * width for j in range(len(cols))]
+        ax1.bar(xs, [summary[m][c]["tokens_per_s"] for c in cols], width, label=m)
+        if m != "plain":
+            ax2.bar(xs, [summary[m][c]["speedup"] for c in cols], width, label=m)
+    for ax, title in ((ax1, "tokens/s"), (ax2, "speed-up over plain generate")):
+        ax.set_xticks(range(len(cols)), cols, rotation=20)
+        ax.set_title(title)
+        ax.legend()
+    ax2.axhline(1.0, color="grey", lw=0.8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the end-to-end comparison; see the module docstring."""
+    p = argparse.ArgumentParser(prog="lookahead bench e2e", description=__doc__.split("\n")[0])
+    p.add_argument("--questions", default=DEFAULT_QUESTIONS)
+    p.add_argument("--per-category", type=int, default=3)
+    p.add_argument("--categories", default=",".join(CATEGORIES))
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--budget", type=int, default=None, help="lookahead draft budget")
+    p.add_argument("--pld-tokens", type=int, default=10)
+    p.add_argument("--fresh-cache", action="store_true", help="a new lookahead cache per prompt")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw the tables as a PNG")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    import torch
+    from tqdm import tqdm
+
+    from lookahead.engine import LookaheadGenerator
+    from lookahead.engine import generate as lookahead_generate
+    from lookahead.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cats = [c for c in args.categories.split(",") if c]
+    bad = [c for c in cats if c not in CATEGORIES]
+    if bad:
+        raise SystemExit(f"unknown categories {bad}; choose from {CATEGORIES}")
+    questions = [
+        q
+        for q in select_questions(args.questions, args.per_category)
+        if q["category"] in cats or ("mt_bench" in cats and q["category"] not in CATEGORIES)
+    ]
+    model, tok = load_model(args.model, dtype=args.dtype)
+    eos = tok.eos_token_id
+    gen = None if args.fresh_cache else LookaheadGenerator(model, tok, budget=args.budget)
+
+    def prompt_ids(q):
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True, tokenize=True
+        )
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def run(method, ids):
+        x = torch.tensor([ids])
+        kw = dict(
+            attention_mask=torch.ones_like(x),
+            do_sample=False,
+            max_new_tokens=args.max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            if method == "plain":
+                out = model.generate(x, **kw)[0, len(ids) :].tolist()
+            elif method == "pld":
+                out = model.generate(x, prompt_lookup_num_tokens=args.pld_tokens, **kw)
+                out = out[0, len(ids) :].tolist()
+            elif gen is not None:
+                out = list(gen.generate(ids, max_new_tokens=args.max_new_tokens).ids)
+            else:
+                out = list(
+                    lookahead_generate(
+                        model, ids, tok, budget=args.budget, max_new_tokens=args.max_new_tokens
+                    ).ids
+                )
+        return out, time.perf_counter() - t0
+
+    # Warm-up (kernels, allocator); not timed, not in the lookahead cache's history.
+    warm = prompt_ids({"turns": ["Say hello."]})
+    for m in METHODS:
+        if m != "lookahead" or gen is None:
+            run(m, warm)
+        else:
+            lookahead_generate(model, warm, tok, max_new_tokens=4)
+
+    per = defaultdict(
+        lambda: defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "prompts": 0, "same_as_plain": 0})
+    )
+    records = []
+    for i, q in enumerate(tqdm(questions, desc="e2e", unit="prompt")):
+        cat = q["category"] if q["category"] in CATEGORIES else "mt_bench"
+        ids = prompt_ids(q)
+        order = METHODS[i % 3 :] + METHODS[: i % 3]
+        outs = {}
+        for m in order:
+            out, secs = run(m, ids)
+            if eos in out:
+                out = out[: out.index(eos) + 1]
+            outs[m] = out
+            records.append(
+                {
+                    "question_id": q["question_id"],
+                    "category": cat,
+                    "method": m,
+                    "new_tokens": len(out),
+                    "seconds": secs,
+                }
+            )
+        for m in METHODS:
+            for key in (cat, "overall"):
+                s = per[m][key]
+                s["tokens"] += len(outs[m])
+                s["seconds"] += next(r["seconds"] for r in reversed(records) if r["method"] == m)
+                s["prompts"] += 1
+                s["same_as_plain"] += int(outs[m] == outs["plain"])
+
+    cols = [*[c for c in CATEGORIES if c in cats], "overall"]
+    summary = {m: {} for m in METHODS}
+    for m in METHODS:
+        for c in cols:
+            s = per[m][c]
+            s["tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] else float("nan")
+            summary[m][c] = dict(s)
+    for m in METHODS:
+        for c in cols:
+            summary[m][c]["speedup"] = (
+                summary[m][c]["tokens_per_s"] / summary["plain"][c]["tokens_per_s"]
+            )
+    print(
+        f"\ne2e ({args.dtype}, batch 1, greedy, {args.per_category}/category, "
+        f"<= {args.max_new_tokens} new tokens): tokens/s (speed-up over plain)"
+    )
+    print(f"{'method':<12}" + "".join(f"{c[:14]:>18}" for c in cols))
+    for m in METHODS:
+        print(
+            f"{m:<12}"
+            + "".join(
+                f"{summary[m][c]['tokens_per_s']:>10.2f} ({summary[m][c]['speedup']:.2f}x)"
+                for c in cols
+            )
+        )
+    print(
+        f"{'LA / PLD':<12}"
+        + "".join(
+            f"{summary['lookahead'][c]['tokens_per_s'] / summary['pld'][c]['tokens_per_s']:>17.2f}x"
+            for c in cols
+        )
+    )
+    print(
+        "outputs equal to plain greedy: "
+        + ", ".join(
+            f"{m} {summary[m]['overall']['same_as_plain']}/{summary[m]['overall']['prompts']}"
+            for m in METHODS[1:]
+        )
+    )
+    if args.plot:
+        _plot(summary, [c for c in cols if c != "overall"], args.plot)
+    if args.json:
+        res = header(command_line("lookahead bench e2e", argv))
+        res.update({"config": vars(args), "summary": summary, "records": records})
+        write_json(args.json, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
