@@ -18,7 +18,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::arena::NONE;
-use crate::trie::Trie;
+use crate::trie::{Side, Trie};
 
 pub type State = [u32; 2];
 const EMPTY: State = [NONE, NONE];
@@ -148,7 +148,136 @@ impl Sources<'_> {
 
     /// Scored continuations of `st`, best first (score desc, token asc), into `out`; only
     /// the best `room` are kept.
+    ///
+    /// A node with many children keeps its `TOP_K` best children ranked (`Side::top`); when
+    /// `room` fits, only those are scored (plus the other trie's counts of the same tokens),
+    /// and the result is kept if its `room`-th score beats the best score any unranked child
+    /// could reach (threshold algorithm); otherwise every child is scored.
     pub fn candidates(&self, st: State, room: usize, scratch: &mut Scratch, out: &mut Vec<Cand>) {
+        if room > 0 && self.ranked_candidates(st, room, scratch, out) {
+            return;
+        }
+        self.all_candidates(st, room, scratch, out);
+    }
+
+    fn ranked_candidates(
+        &self,
+        st: State,
+        room: usize,
+        scratch: &mut Scratch,
+        out: &mut Vec<Cand>,
+    ) -> bool {
+        let tries = self.tries();
+        let live = |x: usize| tries[x].0.filter(|_| tries[x].1 > 0.0 && st[x] != NONE);
+        let mut ranked: [Option<&Side>; 2] = [None, None];
+        for (x, r) in ranked.iter_mut().enumerate() {
+            if let Some(side) = live(x).and_then(|t| t.side(st[x])) {
+                if room <= side.top.len() && side.sum > 0 {
+                    *r = Some(side);
+                }
+            }
+        }
+        if ranked.iter().all(Option::is_none) {
+            return false;
+        }
+        out.clear();
+        let raw = &mut scratch.raw;
+        raw.clear();
+        let mut sums = [0u64; 2];
+        let mut bound = [0u32; 2];
+        for x in 0..2 {
+            let Some(t) = live(x) else { continue };
+            let y = 1 - x;
+            let other = live(y);
+            let mut add = |tok: u32, cnt: u32, c: u32| {
+                let (mut oc, mut on) = (0, NONE);
+                if let Some(o) = other {
+                    let n = o.find_child(st[y], tok);
+                    if n != NONE && o.node(n).count > 0 {
+                        (oc, on) = (o.node(n).count, n);
+                    }
+                }
+                raw.push(if x == 0 {
+                    (tok, cnt, oc, c, on)
+                } else {
+                    (tok, oc, cnt, on, c)
+                });
+            };
+            match ranked[x] {
+                Some(side) => {
+                    sums[x] = side.sum;
+                    bound[x] = t.node(*side.top.last().expect("room >= 1")).count;
+                    for &c in &side.top {
+                        let n = t.node(c);
+                        if n.count > 0 {
+                            add(n.token, n.count, c);
+                        }
+                    }
+                }
+                None => {
+                    for (tok, c) in t.children(st[x]) {
+                        let cnt = t.node(c).count;
+                        if cnt > 0 {
+                            sums[x] += u64::from(cnt);
+                            add(tok, cnt, c);
+                        }
+                    }
+                }
+            }
+        }
+        raw.sort_unstable_by_key(|r| r.0);
+        raw.dedup_by_key(|r| r.0);
+        let wp = if sums[0] > 0 { self.prompt_weight } else { 0.0 };
+        let wo = if sums[1] > 0 { self.output_weight } else { 0.0 };
+        let wsum = wp + wo;
+        for r in raw.iter() {
+            out.push(self.score(r, sums, wp, wo, wsum));
+        }
+        let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
+        if out.len() < room {
+            return false;
+        }
+        out.select_nth_unstable_by(room - 1, better);
+        out.truncate(room);
+        out.sort_unstable_by(better);
+        // The best score an unranked child could have.
+        let mut limit = 0.0;
+        if sums[0] > 0 && ranked[0].is_some() {
+            limit += wp * f64::from(bound[0]) / sums[0] as f64;
+        }
+        if sums[1] > 0 && ranked[1].is_some() {
+            limit += wo * f64::from(bound[1]) / sums[1] as f64;
+        }
+        out[room - 1].score > limit / wsum
+    }
+
+    #[inline]
+    fn score(
+        &self,
+        r: &(u32, u32, u32, u32, u32),
+        sums: [u64; 2],
+        wp: f64,
+        wo: f64,
+        wsum: f64,
+    ) -> Cand {
+        let a = if sums[0] > 0 {
+            wp * f64::from(r.1) / sums[0] as f64
+        } else {
+            0.0
+        };
+        let b = if sums[1] > 0 {
+            wo * f64::from(r.2) / sums[1] as f64
+        } else {
+            0.0
+        };
+        Cand {
+            token: r.0,
+            score: (a + b) / wsum,
+            child: [r.3, r.4],
+        }
+    }
+
+    fn all_candidates(&self, st: State, room: usize, scratch: &mut Scratch, out: &mut Vec<Cand>) {
         out.clear();
         // (token, count in prompt, count in history, child in prompt, child in history)
         let raw = &mut scratch.raw;
@@ -191,21 +320,7 @@ impl Sources<'_> {
                 i += 1;
             }
             i += 1;
-            let a = if sums[0] > 0 {
-                wp * f64::from(r.1) / sums[0] as f64
-            } else {
-                0.0
-            };
-            let b = if sums[1] > 0 {
-                wo * f64::from(r.2) / sums[1] as f64
-            } else {
-                0.0
-            };
-            out.push(Cand {
-                token: r.0,
-                score: (a + b) / wsum,
-                child: [r.3, r.4],
-            });
+            out.push(self.score(&r, sums, wp, wo, wsum));
         }
         let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
         if room < out.len() {
@@ -405,6 +520,65 @@ mod tests {
         let d = s.draft(&[5], 4, true);
         assert_eq!(&d.tokens[..3], &[5, 6, 7]);
         assert_eq!(&d.parents[..3], &[-1, 0, 0]);
+    }
+
+    #[test]
+    fn ranked_candidates_equal_scoring_every_child() {
+        let mut x = 7u64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as u32
+        };
+        // Skewed ids: a few frequent tokens, a long tail, so nodes have many children.
+        let text = |len: usize, rnd: &mut dyn FnMut(u64) -> u32| -> Vec<u32> {
+            (0..len)
+                .map(|_| {
+                    let a = rnd(60);
+                    a * a / 60
+                })
+                .collect()
+        };
+        let pt = text(3000, &mut rnd);
+        let ht = text(5000, &mut rnd);
+        let p = trie(&[&pt], 4);
+        let h = trie(&[&ht], 4);
+        for (wp, wo) in [(1.0, 1.0), (1.0, 0.0), (0.0, 2.0), (0.2, 3.0)] {
+            let s = Sources {
+                prompt: Some(&p),
+                history: Some(&h),
+                prompt_weight: wp,
+                output_weight: wo,
+                max_depth: 4,
+            };
+            let mut scratch = Scratch::default();
+            for ctx_len in [1usize, 2, 3] {
+                for _ in 0..60 {
+                    let ctx: Vec<u32> = (0..ctx_len)
+                        .map(|_| {
+                            let a = rnd(60);
+                            a * a / 60
+                        })
+                        .collect();
+                    let Some(st) = s.match_suffix(&ctx) else {
+                        continue;
+                    };
+                    for room in [1usize, 2, 5, 16, 32, 33] {
+                        let (mut a, mut b) = (Vec::new(), Vec::new());
+                        s.candidates(st, room, &mut scratch, &mut a);
+                        s.all_candidates(st, room, &mut scratch, &mut b);
+                        let key = |v: &Vec<Cand>| {
+                            v.iter()
+                                .map(|c| (c.token, c.score.to_bits(), c.child))
+                                .collect::<Vec<_>>()
+                        };
+                        assert_eq!(key(&a), key(&b), "ctx {ctx:?} room {room}");
+                    }
+                }
+            }
+        }
+        assert!(p.side(crate::trie::ROOT).is_some() && h.side(crate::trie::ROOT).is_some());
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl Trie {
                     break;
                 }
             } else {
-                self.arena.get_mut(i).count = n.count >> 1;
+                self.decay(i);
             }
         }
         freed

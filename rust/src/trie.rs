@@ -16,10 +16,26 @@ pub const SIDE_AT: usize = 8;
 const SIDE_DROP: usize = 4;
 /// The root is slot 0 of every trie and is not counted against the capacity.
 pub const ROOT: u32 = 0;
+/// Children a side table ranks (`Side::top`).
+pub const TOP_K: usize = 32;
+
+/// Lookup and ranking state of a node with many children.
+#[derive(Default)]
+pub struct Side {
+    owner: u32,
+    /// token -> child
+    map: FxHashMap<u32, u32>,
+    /// Sum of the children's counts.
+    pub sum: u64,
+    /// The best `TOP_K` children by (count desc, token asc), best first: exact while counts
+    /// only grow (a bump moves a child up; a child overtaking the last one replaces it);
+    /// approximate once eviction decayed or freed children.
+    pub top: Vec<u32>,
+}
 
 pub struct Trie {
     pub(crate) arena: Arena,
-    sides: Vec<FxHashMap<u32, u32>>,
+    sides: Vec<Side>,
     free_sides: Vec<u32>,
     /// Nodes this trie may still allocate (reserved from the shared budget by the caller).
     pub(crate) allowance: u64,
@@ -27,6 +43,8 @@ pub struct Trie {
     pub(crate) epoch: u64,
     /// CLOCK hand of the eviction sweep.
     pub(crate) hand: u32,
+    /// True once eviction decayed or freed anything: side-table rankings may be approximate.
+    pub(crate) evicted: bool,
 }
 
 impl Default for Trie {
@@ -51,6 +69,7 @@ impl Trie {
             allowance: 0,
             epoch: 0,
             hand: 1,
+            evicted: false,
         }
     }
 
@@ -64,11 +83,11 @@ impl Trie {
         let side: usize = self
             .sides
             .iter()
-            .map(|m| m.capacity() * (std::mem::size_of::<(u32, u32)>() + 1))
+            .map(|m| {
+                m.map.capacity() * (std::mem::size_of::<(u32, u32)>() + 1) + m.top.capacity() * 4
+            })
             .sum();
-        self.arena.bytes()
-            + side
-            + self.sides.capacity() * std::mem::size_of::<FxHashMap<u32, u32>>()
+        self.arena.bytes() + side + self.sides.capacity() * std::mem::size_of::<Side>()
     }
 
     #[inline]
@@ -82,6 +101,7 @@ impl Trie {
         let node = self.arena.get(n);
         if node.side != NONE {
             return self.sides[node.side as usize]
+                .map
                 .get(&token)
                 .copied()
                 .unwrap_or(NONE);
@@ -115,7 +135,7 @@ impl Trie {
         let node = *self.arena.get(n);
         let mut fanout = 0usize;
         if node.side != NONE {
-            if let Some(&c) = self.sides[node.side as usize].get(&token) {
+            if let Some(&c) = self.sides[node.side as usize].map.get(&token) {
                 return c;
             }
         } else {
@@ -141,7 +161,8 @@ impl Trie {
         }
         self.arena.get_mut(n).first_child = c;
         if node.side != NONE {
-            self.sides[node.side as usize].insert(token, c);
+            self.sides[node.side as usize].map.insert(token, c);
+            self.rerank(node.side, c, 0);
         } else if fanout + 1 > SIDE_AT {
             self.make_side(n);
         }
@@ -149,30 +170,118 @@ impl Trie {
     }
 
     fn make_side(&mut self, n: u32) {
-        let mut map = FxHashMap::default();
-        let mut c = self.arena.get(n).first_child;
-        while c != NONE {
-            let cn = self.arena.get(c);
-            map.insert(cn.token, c);
-            c = cn.next_sibling;
-        }
         let s = match self.free_sides.pop() {
-            Some(s) => {
-                self.sides[s as usize] = map;
-                s
-            }
+            Some(s) => s,
             None => {
-                self.sides.push(map);
+                self.sides.push(Side::default());
                 (self.sides.len() - 1) as u32
             }
         };
         self.arena.get_mut(n).side = s;
+        self.rank_side(s, n);
     }
 
+    /// Rebuilds side table `s` of node `n` from its children: map, sum and exact top list.
+    fn rank_side(&mut self, s: u32, n: u32) {
+        let mut side = std::mem::take(&mut self.sides[s as usize]);
+        side.owner = n;
+        side.map.clear();
+        side.sum = 0;
+        let mut all = Vec::new();
+        let mut c = self.arena.get(n).first_child;
+        while c != NONE {
+            let cn = self.arena.get(c);
+            side.map.insert(cn.token, c);
+            side.sum += u64::from(cn.count);
+            all.push((std::cmp::Reverse(cn.count), cn.token, c));
+            c = cn.next_sibling;
+        }
+        if all.len() > TOP_K {
+            all.select_nth_unstable(TOP_K - 1);
+            all.truncate(TOP_K);
+        }
+        all.sort_unstable();
+        side.top.clear();
+        side.top.extend(all.iter().map(|e| e.2));
+        self.sides[s as usize] = side;
+    }
+
+    /// Ranks every side table again (after counts were written directly).
+    fn rank_all_sides(&mut self) {
+        for s in 0..self.sides.len() {
+            let owner = self.sides[s].owner;
+            if !self.free_sides.contains(&(s as u32)) {
+                self.rank_side(s as u32, owner);
+            }
+        }
+    }
+
+    /// True if child `a` ranks before child `b`: higher count, then smaller token.
+    #[inline]
+    fn before(&self, a: u32, b: u32) -> bool {
+        let (x, y) = (self.arena.get(a), self.arena.get(b));
+        x.count > y.count || (x.count == y.count && x.token < y.token)
+    }
+
+    /// Adds `by` to the count of `n`, keeping its parent's side table ranked.
     #[inline]
     pub fn bump(&mut self, n: u32, by: u32) {
-        let c = &mut self.arena.get_mut(n).count;
-        *c = c.saturating_add(by);
+        let node = self.arena.get_mut(n);
+        node.count = node.count.saturating_add(by);
+        let p = node.parent;
+        if p == NONE {
+            return;
+        }
+        let s = self.arena.get(p).side;
+        if s != NONE {
+            self.rerank(s, n, u64::from(by));
+        }
+    }
+
+    fn rerank(&mut self, s: u32, c: u32, added: u64) {
+        let mut top = std::mem::take(&mut self.sides[s as usize].top);
+        self.sides[s as usize].sum += added;
+        let mut i = match top.iter().position(|&x| x == c) {
+            Some(i) => i,
+            None if top.len() < TOP_K => {
+                top.push(c);
+                top.len() - 1
+            }
+            None if self.before(c, *top.last().expect("TOP_K > 0")) => {
+                let last = top.len() - 1;
+                top[last] = c;
+                last
+            }
+            None => {
+                self.sides[s as usize].top = top;
+                return;
+            }
+        };
+        while i > 0 && self.before(top[i], top[i - 1]) {
+            top.swap(i, i - 1);
+            i -= 1;
+        }
+        self.sides[s as usize].top = top;
+    }
+
+    /// Halves the count of `n` (eviction's decay), keeping its parent's sum exact.
+    pub(crate) fn decay(&mut self, n: u32) {
+        self.evicted = true;
+        let node = self.arena.get_mut(n);
+        let old = node.count;
+        node.count = old >> 1;
+        let p = node.parent;
+        let s = self.arena.get(p).side;
+        if s != NONE {
+            self.sides[s as usize].sum -= u64::from(old - (old >> 1));
+        }
+    }
+
+    /// The side table of `n`, if it has one (many children).
+    #[inline]
+    pub fn side(&self, n: u32) -> Option<&Side> {
+        let s = self.arena.get(n).side;
+        (s != NONE).then(|| &self.sides[s as usize])
     }
 
     /// Counts one occurrence of every prefix of `window` (one window of the text).
@@ -219,7 +328,7 @@ impl Trie {
         self.arena.get_mut(n).first_child = c;
         let side = self.arena.get(n).side;
         if side != NONE {
-            self.sides[side as usize].insert(token, c);
+            self.sides[side as usize].map.insert(token, c);
         } else if fanout + 1 > SIDE_AT {
             self.make_side(n);
         }
@@ -270,6 +379,7 @@ impl Trie {
             t.arena.get_mut(node).count = (n - start).min(u32::MAX as usize) as u32;
         }
         debug_assert_eq!(t.allowance, 0);
+        t.rank_all_sides();
         t
     }
 
@@ -300,20 +410,23 @@ impl Trie {
         }
         let ps = self.arena.get(node.parent).side;
         if ps != NONE {
-            let map = &mut self.sides[ps as usize];
-            map.remove(&node.token);
-            if map.len() < SIDE_DROP {
-                self.sides[ps as usize] = FxHashMap::default();
+            let side = &mut self.sides[ps as usize];
+            side.map.remove(&node.token);
+            side.top.retain(|&x| x != i);
+            side.sum -= u64::from(node.count);
+            if side.map.len() < SIDE_DROP {
+                self.sides[ps as usize] = Side::default();
                 self.free_sides.push(ps);
                 self.arena.get_mut(node.parent).side = NONE;
             }
         }
         if node.side != NONE {
-            self.sides[node.side as usize] = FxHashMap::default();
+            self.sides[node.side as usize] = Side::default();
             self.free_sides.push(node.side);
         }
         self.arena.free(i);
         self.epoch += 1;
+        self.evicted = true;
     }
 
     /// Structural checks: links, side tables, unique child tokens, free list, node count.
@@ -379,12 +492,44 @@ impl Trie {
             }
             if n.side != NONE {
                 used_sides += 1;
-                let map = &self.sides[n.side as usize];
-                if map.len() != k {
+                let side = &self.sides[n.side as usize];
+                if side.map.len() != k || side.owner != i {
                     return bad(format!(
                         "side table of node {i} has {} entries for {k} children",
-                        map.len()
+                        side.map.len()
                     ));
+                }
+                let sum: u64 = self
+                    .children(i)
+                    .map(|(_, c)| u64::from(self.node(c).count))
+                    .sum();
+                if side.sum != sum {
+                    return bad(format!(
+                        "side table of node {i} sums {} for {sum}",
+                        side.sum
+                    ));
+                }
+                if side
+                    .top
+                    .iter()
+                    .any(|&c| c >= slots || self.node(c).parent != i)
+                {
+                    return bad(format!("side table of node {i} ranks a non-child"));
+                }
+                // Without eviction the ranking is exact.
+                if !self.evicted {
+                    let mut all: Vec<(std::cmp::Reverse<u32>, u32, u32)> = self
+                        .children(i)
+                        .map(|(t, c)| (std::cmp::Reverse(self.node(c).count), t, c))
+                        .collect();
+                    all.sort_unstable();
+                    let want: Vec<u32> = all.iter().take(TOP_K).map(|e| e.2).collect();
+                    if side.top != want {
+                        return bad(format!(
+                            "side table of node {i} ranks {:?}, want {want:?}",
+                            side.top
+                        ));
+                    }
                 }
             } else if k > SIDE_AT {
                 return bad(format!("node {i} has {k} children and no side table"));
