@@ -1,0 +1,134 @@
+"""The `LOOKAHEAD` speculative algorithm as SGLang sees it: an NGRAM-shaped `CustomSpecAlgo`.
+
+`is_ngram()` is True and `has_draft_kv()` False, so every NGRAM branch of SGLang's scheduler
+applies unchanged (TARGET_VERIFY decode CUDA graphs of width N, the overlap relay, the KV
+reserve, NGRAM's verify pass). SGLang 0.5.23's `CustomSpecAlgo` lacks three methods the
+scheduler calls on every algorithm (`carries_draft_hidden_states`, `create_future_map`,
+`need_topk`); they are defined here with NGRAM's behaviour.
+
+Importing this module imports SGLang; `lookahead.sglang.register` does so lazily.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.arg_groups.overrides import record_of, resolving_view
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from lookahead.sglang.config import LookaheadConfigError, ServingConfig, read_env
+
+__all__ = ["ALGORITHM_NAME", "LookaheadSpecAlgo", "register_algorithm", "unwrap_record"]
+
+ALGORITHM_NAME = "LOOKAHEAD"
+
+logger = logging.getLogger(__name__)
+
+
+def unwrap_record(server_args: Any) -> Any:
+    """The `ServerArgs` record behind the stand-in SGLang hands to a plugin's
+    `handle_server_args`.
+
+    SGLang 0.5.23 calls a registered algorithm's `handle_server_args` with a
+    `_ForeignDefaults` recorder that turns attribute writes into declarations. NGRAM's own
+    handler (`_handle_ngram`) declares through `declare_resolution`, which must get the
+    record itself (SGLang's in-tree dispatcher passes the record for this reason), so we
+    unwrap it. Anything else (a record, or a plain test object) is returned unchanged.
+    """
+    try:
+        cfg = object.__getattribute__(server_args, "_cfg")
+    except AttributeError:
+        return server_args
+    return record_of(cfg)
+
+
+class LookaheadSpecAlgo(CustomSpecAlgo):
+    """`LOOKAHEAD`: NGRAM's verify path with drafts from `lookahead.LookaheadCache`."""
+
+    def is_ngram(self) -> bool:
+        return True
+
+    def has_draft_kv(self) -> bool:
+        return False
+
+    def supports_mixed_chunk(self) -> bool:
+        # NGRAM's overlap relay skips output_tokens_buf, which mixed chunks read.
+        return False
+
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def need_topk(self) -> bool:
+        return False
+
+    def get_platform_worker_cls(self) -> type | None:
+        # Out-of-tree platforms ship workers for builtin algorithms only; ours is CUDA's.
+        return None
+
+    def create_future_map(
+        self,
+        device: torch.device,
+        req_to_token_pool: Any,
+        needs_cpu_seq_lens: bool = True,
+        needs_confidence_relay: bool = False,
+    ) -> Any:
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(
+            device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
+        )
+
+    def handle_server_args(self, server_args: Any) -> None:
+        """NGRAM's server-argument defaults (`_handle_ngram`), then LOOKAHEAD's checks.
+
+        Raises `LookaheadConfigError` (a `ValueError`) at start-up for DP attention, a
+        non-CUDA device, or a budget that does not fit the CUDA-graph verify width.
+        """
+        from sglang.srt.arg_groups.speculative_hook import _handle_ngram
+        from sglang.srt.runtime_context import attn_dp_enabled_of
+
+        record = unwrap_record(server_args)
+        cfg = resolving_view(record)
+        if cfg.device != "cuda":
+            raise LookaheadConfigError(
+                f"--speculative-algorithm {ALGORITHM_NAME} needs --device cuda (its tree "
+                f"kernels are Triton on CUDA), got --device {cfg.device}"
+            )
+        if attn_dp_enabled_of(cfg):
+            raise LookaheadConfigError(
+                f"--speculative-algorithm {ALGORITHM_NAME} does not support DP attention "
+                "(neither does SGLang's NGRAM, whose verify path it uses); remove "
+                "--attn-dp-size / --enable-dp-attention"
+            )
+        _handle_ngram(record)
+        config = ServingConfig.from_args(resolving_view(record), read_env().config_json)
+        logger.info("lookahead: %s resolved to %s", ALGORITHM_NAME, config.as_dict())
+
+
+def _worker_factory(server_args: Any) -> type:
+    from lookahead.sglang.worker import LookaheadWorker
+
+    return LookaheadWorker
+
+
+def register_algorithm() -> LookaheadSpecAlgo:
+    """Registers `LOOKAHEAD` with SGLang (once per process) and returns its spec object."""
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    existing = get_spec(ALGORITHM_NAME)
+    if existing is not None:
+        if not isinstance(existing, LookaheadSpecAlgo):
+            raise RuntimeError(
+                f"speculative algorithm {ALGORITHM_NAME} is already registered by another "
+                f"plugin ({existing!r}); uninstall it or set SGLANG_PLUGINS to choose one"
+            )
+        return existing
+    SpeculativeAlgorithm.register(
+        ALGORITHM_NAME, supports_overlap=True, spec_class=LookaheadSpecAlgo
+    )(_worker_factory)
+    spec = get_spec(ALGORITHM_NAME)
+    logger.info("lookahead: registered speculative algorithm %s (%r)", ALGORITHM_NAME, spec)
+    return spec

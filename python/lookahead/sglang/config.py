@@ -1,0 +1,194 @@
+"""Configuration of the SGLang plugin: the one place that reads environment variables.
+
+Two sources, no others:
+- SGLang's own flags where they mean the same thing as ours (read from the resolved server
+  arguments, never from `os.environ`): `--speculative-num-draft-tokens` N is the verify width
+  (draft budget N - 1), `--speculative-ngram-max-trie-depth` the longest n-gram stored,
+  `--speculative-ngram-capacity` the node bound, `--speculative-ngram-max-bfs-breadth` 1 for
+  a single branch and > 1 for a multi-branch tree.
+- `LOOKAHEAD_CONFIG`, a JSON object for the knobs SGLang has no flag for (`EXTRA_KEYS`).
+
+`LOOKAHEAD_SGLANG_SKIP_VERSION_CHECK=1` lets the plugin load on an SGLang other than the
+supported one (at the user's risk: the worker subclasses SGLang internals).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = [
+    "CONFIG_ENV",
+    "EXTRA_KEYS",
+    "NAMESPACE_MODES",
+    "SKIP_VERSION_CHECK_ENV",
+    "LookaheadConfigError",
+    "PluginEnv",
+    "ServingConfig",
+    "read_env",
+]
+
+CONFIG_ENV = "LOOKAHEAD_CONFIG"
+SKIP_VERSION_CHECK_ENV = "LOOKAHEAD_SGLANG_SKIP_VERSION_CHECK"
+
+# How requests are grouped into tries: "shared" puts every request in one namespace,
+# "extra_key" uses SGLang's per-request `extra_key` (which SGLang suffixes with the LoRA id),
+# so tenants and adapters never draft from each other's outputs; "request" shares nothing.
+NAMESPACE_MODES = ("shared", "extra_key", "request")
+
+# LOOKAHEAD_CONFIG keys and their defaults.
+EXTRA_KEYS: dict[str, Any] = {
+    "budget": None,  # drafted nodes per request; None -> N - 1 (the whole verify width)
+    "prompt_weight": 1.0,
+    "output_weight": 1.0,
+    "keep_prompt_as_history": False,
+    "namespace": "extra_key",
+    "exact_sampling": True,  # our exact tree sampling verification for non-greedy batches
+    "index_threads": 0,  # background prompt-indexing threads (0: min(cores, 4))
+    "draft_threads": 0,  # draft_batch threads (0: min(cores, 8))
+}
+
+
+class LookaheadConfigError(ValueError):
+    """A bad plugin configuration, reported at server start-up."""
+
+
+@dataclass(frozen=True)
+class PluginEnv:
+    """The environment variables the plugin reads, read once."""
+
+    config_json: str | None
+    skip_version_check: bool
+
+
+def read_env(environ: Mapping[str, str] | None = None) -> PluginEnv:
+    """Reads the plugin's environment variables (all of them, and nowhere else)."""
+    env = os.environ if environ is None else environ
+    skip = env.get(SKIP_VERSION_CHECK_ENV, "").strip().lower() in ("1", "true", "yes")
+    raw = env.get(CONFIG_ENV)
+    return PluginEnv(config_json=raw if raw and raw.strip() else None, skip_version_check=skip)
+
+
+def _parse_extra(config_json: str | None) -> dict[str, Any]:
+    if config_json is None:
+        return {}
+    try:
+        extra = json.loads(config_json)
+    except json.JSONDecodeError as e:
+        raise LookaheadConfigError(f"{CONFIG_ENV} is not valid JSON: {e}") from None
+    if not isinstance(extra, dict):
+        raise LookaheadConfigError(
+            f"{CONFIG_ENV} must be a JSON object, got {type(extra).__name__}"
+        )
+    unknown = sorted(set(extra) - set(EXTRA_KEYS))
+    if unknown:
+        raise LookaheadConfigError(
+            f"{CONFIG_ENV} has unknown keys {unknown}; known keys: {sorted(EXTRA_KEYS)}"
+        )
+    return extra
+
+
+def _number(name: str, v: Any, lo: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
+        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be a number >= {lo}, got {v!r}")
+    return float(v)
+
+
+def _int(name: str, v: Any, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be an int >= {lo}, got {v!r}")
+    return v
+
+
+def _bool(name: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be true or false, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Everything the worker needs, resolved from SGLang's arguments and `LOOKAHEAD_CONFIG`."""
+
+    width: int  # verify width N (tokens per request per verify, root included)
+    budget: int  # drafted nodes per request, <= N - 1
+    max_depth: int
+    capacity_nodes: int
+    multi_branch: bool
+    prompt_weight: float
+    output_weight: float
+    keep_prompt_as_history: bool
+    namespace: str
+    exact_sampling: bool
+    index_threads: int
+    draft_threads: int
+
+    @classmethod
+    def from_args(cls, args: Any, config_json: str | None) -> ServingConfig:
+        """Builds and checks the config from resolved server args (or any object with the
+        `speculative_*` attributes) and the `LOOKAHEAD_CONFIG` JSON text."""
+        from lookahead import _core
+
+        extra = {**EXTRA_KEYS, **_parse_extra(config_json)}
+        width = args.speculative_num_draft_tokens
+        if isinstance(width, bool) or not isinstance(width, int) or width < 2:
+            raise LookaheadConfigError(
+                f"--speculative-num-draft-tokens must be an int >= 2 for LOOKAHEAD (the root "
+                f"plus at least one drafted token), got {width!r}"
+            )
+        budget = extra["budget"]
+        if budget is None:
+            budget = width - 1
+        budget = _int("budget", budget, 1)
+        if budget > width - 1:
+            raise LookaheadConfigError(
+                f"{CONFIG_ENV}: budget={budget} does not fit the CUDA-graph verify width: "
+                f"--speculative-num-draft-tokens={width} leaves room for {width - 1} drafted "
+                f"tokens per request; raise --speculative-num-draft-tokens to {budget + 1} "
+                "or lower the budget"
+            )
+        if budget > _core.MAX_BUDGET:
+            raise LookaheadConfigError(
+                f"budget {budget} exceeds the trie's maximum draft budget {_core.MAX_BUDGET}"
+            )
+        depth = args.speculative_ngram_max_trie_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 2 <= depth <= 64:
+            raise LookaheadConfigError(
+                f"--speculative-ngram-max-trie-depth must be in [2, 64] for LOOKAHEAD, got {depth!r}"
+            )
+        capacity = args.speculative_ngram_capacity
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise LookaheadConfigError(
+                f"--speculative-ngram-capacity must be a positive int, got {capacity!r}"
+            )
+        breadth = args.speculative_ngram_max_bfs_breadth
+        if isinstance(breadth, bool) or not isinstance(breadth, int) or breadth < 1:
+            raise LookaheadConfigError(
+                f"--speculative-ngram-max-bfs-breadth must be an int >= 1, got {breadth!r}"
+            )
+        namespace = extra["namespace"]
+        if namespace not in NAMESPACE_MODES:
+            raise LookaheadConfigError(
+                f"{CONFIG_ENV}: namespace must be one of {list(NAMESPACE_MODES)}, got {namespace!r}"
+            )
+        return cls(
+            width=width,
+            budget=budget,
+            max_depth=depth,
+            capacity_nodes=capacity,
+            multi_branch=breadth > 1,
+            prompt_weight=_number("prompt_weight", extra["prompt_weight"], 0.0),
+            output_weight=_number("output_weight", extra["output_weight"], 0.0),
+            keep_prompt_as_history=_bool("keep_prompt_as_history", extra["keep_prompt_as_history"]),
+            namespace=namespace,
+            exact_sampling=_bool("exact_sampling", extra["exact_sampling"]),
+            index_threads=_int("index_threads", extra["index_threads"], 0),
+            draft_threads=_int("draft_threads", extra["draft_threads"], 0),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as a plain dict (for logs)."""
+        return asdict(self)

@@ -1,0 +1,154 @@
+"""Host-side drafting for SGLang: keeps a `LookaheadCache` in step with the decode batch.
+
+Reads only these fields of SGLang's `Req`: `rid`, `origin_input_ids_unpadded` (the prompt
+before multimodal padding, as NGRAM uses), `output_ids` and `extra_key` (SGLang appends the
+LoRA id to it). No SGLang import, so it is usable and testable on its own.
+
+Per decode step, for the whole batch: `sync` starts requests seen for the first time (the
+whole prompt is indexed, on the cache's background threads) and streams the verified tokens
+that arrived since the last step; `draft` makes one `draft_batch` call and pads every tree
+to the verify width N in NGRAM's convention; requests that left the batch are finished.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lookahead.cache import LookaheadCache
+from lookahead.sglang.config import ServingConfig
+
+__all__ = ["LookaheadDrafter", "pad_like_ngram"]
+
+DEFAULT_NAMESPACE = "default"
+
+
+def pad_like_ngram(
+    tokens: np.ndarray, parents: np.ndarray, num_nodes: np.ndarray, width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pads `[B, W']` draft trees (W' <= width) to `[B, width]` the way SGLang's NGRAM does.
+
+    NGRAM's corpus fills every tree to exactly N nodes with token 0 children of the root,
+    and SGLang's verify kernels and CUDA graphs assume every node is real. Doing the same
+    makes our verify input identical to NGRAM's for the same tree; a padding node is only
+    accepted if the target itself emits token 0 there, so the output stays lossless.
+    """
+    bs, w = tokens.shape
+    if w > width:
+        raise ValueError(f"draft width {w} exceeds the verify width {width}")
+    out_t = np.zeros((bs, width), dtype=np.int32)
+    out_p = np.zeros((bs, width), dtype=np.int32)
+    out_t[:, :w] = tokens
+    out_p[:, :w] = parents
+    cols = np.arange(width)[None, :]
+    pad = cols >= num_nodes[:, None]
+    out_t[pad] = 0
+    out_p[pad] = 0
+    out_p[:, 0] = -1
+    return out_t, out_p
+
+
+def _ids(seq: Any) -> np.ndarray:
+    if isinstance(seq, np.ndarray):
+        return seq.astype(np.int64, copy=False)
+    if isinstance(seq, array):
+        return np.frombuffer(seq, dtype=np.int64) if seq.itemsize == 8 else np.asarray(seq)
+    return np.asarray(list(seq), dtype=np.int64)
+
+
+class LookaheadDrafter:
+    """The `LookaheadCache` of one scheduler process and the requests it is tracking."""
+
+    def __init__(self, config: ServingConfig) -> None:
+        self.config = config
+        self.cache = self._new_cache()
+        # rid -> number of context tokens (prompt + outputs) the cache has seen.
+        self._ctx_len: dict[Any, int] = {}
+
+    def _new_cache(self) -> LookaheadCache:
+        c = self.config
+        return LookaheadCache(
+            max_depth=c.max_depth,
+            capacity_nodes=c.capacity_nodes,
+            prompt_weight=c.prompt_weight,
+            output_weight=c.output_weight,
+            keep_prompt_as_history=c.keep_prompt_as_history,
+            background_indexing=True,
+            index_threads=c.index_threads,
+        )
+
+    def namespace_of(self, req: Any) -> str:
+        """The trie namespace of `req` under the configured namespace mode."""
+        mode = self.config.namespace
+        if mode == "request":
+            return f"request:{req.rid}"
+        if mode == "extra_key" and getattr(req, "extra_key", None):
+            return f"key:{req.extra_key}"
+        return DEFAULT_NAMESPACE
+
+    @property
+    def live_requests(self) -> frozenset:
+        """Request ids the cache is tracking."""
+        return frozenset(self._ctx_len)
+
+    def sync(self, reqs: Sequence[Any], pending: Sequence[Sequence[int]] | None = None) -> None:
+        """Brings the cache up to date with `reqs`' contexts before drafting.
+
+        `pending[i]`: request i's verified tokens not yet in `output_ids` (SGLang's overlap
+        scheduler appends them one step late). A request seen for the first time is started
+        with its whole prompt; afterwards only the tokens beyond what the cache has are sent.
+        """
+        for i, req in enumerate(reqs):
+            prompt = _ids(req.origin_input_ids_unpadded)
+            outputs = _ids(req.output_ids)
+            extra = np.asarray(pending[i], dtype=np.int64) if pending else None
+            total = len(prompt) + len(outputs) + (0 if extra is None else len(extra))
+            seen = self._ctx_len.get(req.rid)
+            if seen is not None and seen > total:
+                # The context shrank (a retracted request re-admitted): start it again.
+                self.cache.finish_request(req.rid)
+                seen = None
+            if seen is None:
+                self.cache.start_request(req.rid, prompt, namespace=self.namespace_of(req))
+                seen = len(prompt)
+            if total > seen:
+                # seen >= len(prompt) here: start_request took the whole prompt.
+                gen = outputs if extra is None else np.concatenate([outputs, extra])
+                self.cache.extend(req.rid, gen[seen - len(prompt) :])
+            self._ctx_len[req.rid] = total
+
+    def draft(self, rids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """One `draft_batch` call for the batch; trees padded to the verify width N.
+
+        Returns `tokens`, `parents`: int32 `[len(rids), N]`, node 0 the context's last token.
+        """
+        c = self.config
+        bd = self.cache.draft_batch(
+            list(rids),
+            budget=c.budget,
+            multi_branch=c.multi_branch,
+            threads=c.draft_threads or None,
+        )
+        return pad_like_ngram(bd.tokens, bd.parents, bd.num_nodes, c.width)
+
+    def finish(self, rids: Sequence[Any]) -> None:
+        """Ends the requests that left the decode batch (unknown ids are ignored)."""
+        for rid in rids:
+            if self._ctx_len.pop(rid, None) is not None:
+                self.cache.finish_request(rid)
+
+    # NGRAMWorker's names for the same operations (it calls them on `self.ngram_corpus`).
+    def erase_match_state(self, rids: Sequence[Any]) -> None:
+        """NGRAM's name for `finish`: these requests left the decode batch."""
+        self.finish(rids)
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: `draft` waits for a request's own pending prompt index."""
+
+    def reset(self) -> None:
+        """Drops every request and all history (SGLang's `clear_cache_pool`)."""
+        self.cache = self._new_cache()
+        self._ctx_len.clear()

@@ -1,0 +1,208 @@
+"""`LookaheadWorker`: SGLang's `NGRAMWorker` with drafts from `lookahead.LookaheadCache`.
+
+Only drafting changes. Everything after it (the TARGET_VERIFY forward and its CUDA graphs,
+greedy verification, KV moves, logprobs, the overlap relay) is NGRAM's, inherited unchanged.
+
+Per decode step (`_prepare_for_speculative_decoding`, on the host before the graph):
+1. the verified tokens since the last step (from `output_ids`, plus the overlap scheduler's
+   not-yet-appended tokens, read exactly as NGRAM reads them) are streamed into the cache;
+   a request seen for the first time is started with its whole prompt;
+2. one `draft_batch` call drafts every request's tree, padded to N nodes as NGRAM pads;
+3. one `tree_metadata` and one `build_full_mask` launch build positions, SGLang's
+   retrieve arrays and the attention mask for the batch (NGRAM: a tree-mask kernel plus a
+   per-request Python loop);
+4. requests that left the batch are finished after the verify (NGRAM's departed-rid
+   bookkeeping, pointed at our cache).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.runtime_context import get_device, get_schedule, get_spec
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.ngram_worker import (
+    USE_FULL_MASK,
+    NGRAMWorker,
+    _is_cpu,
+    assign_extend_cache_locs_func,
+    prepare_mamba_track_for_verify,
+)
+
+from lookahead.kernels import tree_metadata
+from lookahead.sglang import patches
+from lookahead.sglang.config import LookaheadConfigError, ServingConfig, read_env
+from lookahead.sglang.drafter import LookaheadDrafter
+from lookahead.sglang.verify import LookaheadVerifyInput, VerifyTensors, build_verify_tensors
+
+__all__ = ["LookaheadWorker"]
+
+logger = logging.getLogger(__name__)
+
+
+class LookaheadWorker(NGRAMWorker):
+    """NGRAM's speculative worker, drafting from a `LookaheadCache`."""
+
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any):
+        # NGRAMWorker.__init__ is skipped on purpose: it builds SGLang's C++ n-gram corpus,
+        # a node pool we do not use.
+        BaseSpecWorker.__init__(self)
+        spec = get_spec()
+        if spec.speculative_ngram_external_corpus_path is not None:
+            raise LookaheadConfigError(
+                "--speculative-ngram-external-corpus-path is NGRAM-only; LOOKAHEAD does not "
+                "load SGLang's external corpora"
+            )
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self.model_runner = target_worker.model_runner
+        self.page_size = get_schedule().page_size
+        self.max_trie_depth = spec.speculative_ngram_max_trie_depth
+        self.speculative_num_draft_tokens = spec.speculative_num_draft_tokens
+        self.topk = spec.speculative_eagle_topk
+        self.speculative_num_steps = spec.speculative_num_steps
+        self.adaptive_controller = None
+        config = ServingConfig.from_args(spec, read_env().config_json)
+        self._init_lookahead(
+            config,
+            device=get_device().device,
+            enable_overlap=not get_schedule().disable_overlap_schedule,
+        )
+        if config.exact_sampling and patches.register_patch("exact_sampling"):
+            from sglang.srt.plugins.hook_registry import HookRegistry
+
+            HookRegistry.apply_hooks()
+        logger.info("lookahead: LOOKAHEAD worker ready: %s", config.as_dict())
+
+    def _init_lookahead(self, config: ServingConfig, device: Any, enable_overlap: bool) -> None:
+        """The LOOKAHEAD state of the worker (everything drafting reads)."""
+        self.config = config
+        self.device = device
+        self.enable_overlap = enable_overlap
+        self.draft_token_num = config.width
+        self.drafter = LookaheadDrafter(config)
+        # NGRAMWorker's verify path reports departed requests and resets through this name.
+        self.ngram_corpus = self.drafter
+        self._prev_decode_rids: set = set()
+        self.grammar_tree_host = None
+        self.prev_token_ids: list[int] = []
+        self.prev_accept_lens: list[int] = []
+
+    # -- drafting ------------------------------------------------------------------------
+
+    def _pending_tokens(self, batch: Any) -> list[list[int]] | None:
+        """Verified tokens not yet in `output_ids` (overlap mode only), as NGRAM reads them."""
+        bs = len(batch.reqs)
+        stride = self.draft_token_num
+        if not (self.enable_overlap and not batch.grammar_needs_sync()):
+            self.prev_token_ids, self.prev_accept_lens = [], [0] * bs
+            return None
+        tokens, lens = batch.spec_info.accept_tokens, batch.spec_info.accept_lens
+        if not tokens.is_cpu:
+            tokens, lens = tokens.cpu(), lens.cpu()
+        self.prev_token_ids, self.prev_accept_lens = tokens.tolist(), lens.tolist()
+        if len(self.prev_accept_lens) != bs:
+            raise RuntimeError(
+                f"overlap relay carried {len(self.prev_accept_lens)} accept lengths for a "
+                f"batch of {bs}"
+            )
+        return [
+            self.prev_token_ids[i * stride : i * stride + self.prev_accept_lens[i]]
+            for i in range(bs)
+        ]
+
+    def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Streams new tokens into the cache and drafts the batch: `tokens`, `parents`
+        int32 `[bs, N]` (NGRAM's padding; node 0 = each request's last verified token)."""
+        pending = self._pending_tokens(batch)
+        self.drafter.sync(batch.reqs, pending)
+        return self.drafter.draft([req.rid for req in batch.reqs])
+
+    def _build_verify_tensors(self, batch: Any) -> tuple[np.ndarray, np.ndarray, VerifyTensors]:
+        """Drafts and builds the verify tensors of a decode batch (no SGLang pools touched)."""
+        tokens, parents = self._prepare_draft_tokens(batch)
+        if batch.seq_lens_cpu is not None:
+            seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        else:
+            seq_lens_sum = int(batch.seq_lens_sum)
+        vt = build_verify_tensors(
+            tokens,
+            parents,
+            batch.seq_lens,
+            seq_lens_sum,
+            full_mask=USE_FULL_MASK and not _is_cpu,
+        )
+        return tokens, parents, vt
+
+    @staticmethod
+    def _host_tree(tokens: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """NGRAM's host-side `(mask, req_drafts)` pair, for SGLang's grammar bitmask."""
+        bs, width = parents.shape
+        p = torch.from_numpy(parents)
+        meta = tree_metadata(
+            p, torch.full((bs,), width, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64)
+        )
+        return meta.mask.reshape(-1).numpy(), tokens.reshape(-1).astype(np.int64)
+
+    def _prepare_for_speculative_decoding(self, batch: Any) -> None:
+        if not batch.forward_mode.is_decode():
+            return
+        bs = len(batch.reqs)
+        tokens, parents, vt = self._build_verify_tensors(batch)
+        self.grammar_tree_host = self._host_tree(tokens, parents) if batch.has_grammar else None
+
+        draft_tokens = self.draft_tokens_batch[bs]
+        positions = self.positions_batch[bs]
+        retrieve_index = self.retrieve_indexes_batch[bs]
+        retrieve_next_token = self.retrieve_next_token_batch[bs]
+        retrieve_next_sibling = self.retrieve_next_sibling_batch[bs]
+        draft_tokens.copy_(vt.draft_tokens)
+        positions.copy_(vt.positions)
+        retrieve_index.copy_(vt.retrieve_index)
+        retrieve_next_token.copy_(vt.retrieve_next_token)
+        retrieve_next_sibling.copy_(vt.retrieve_next_sibling)
+
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        batch.input_ids = draft_tokens
+        batch.out_cache_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=batch.req_to_token_pool.req_to_token,
+            start_offset=batch.seq_lens,
+            end_offset=batch.seq_lens + self.draft_token_num,
+            batch_size=bs,
+            draft_token_num=self.draft_token_num,
+            device=self.device,
+        )
+        prepare_mamba_track_for_verify(batch)
+        batch.spec_info = LookaheadVerifyInput(
+            draft_token=draft_tokens,
+            custom_mask=vt.custom_mask,
+            positions=positions,
+            retrieve_index=retrieve_index,
+            retrieve_next_token=retrieve_next_token,
+            retrieve_next_sibling=retrieve_next_sibling,
+            draft_token_num=self.draft_token_num,
+            tree_tokens=vt.tree_tokens,
+            tree_parents=vt.tree_parents,
+            exact_sampling=self.config.exact_sampling,
+        )
+
+    def _update_ngram_corpus(self, batch: Any) -> None:
+        """Nothing here: the verified tokens reach the cache at the next draft, the first
+        moment they are on the host without an extra device sync (NGRAM inserts here the
+        tokens it read at draft time, one step late, for the same reason)."""
+
+    # -- NGRAM-only features -------------------------------------------------------------
+
+    def add_external_corpus(self, corpus_id: str, token_chunks: list[list[int]]) -> int:
+        raise LookaheadConfigError("external corpora are an NGRAM feature; LOOKAHEAD has none")
+
+    def remove_external_corpus(self, corpus_id: str) -> None:
+        raise LookaheadConfigError("external corpora are an NGRAM feature; LOOKAHEAD has none")
+
+    def list_external_corpora(self) -> dict[str, int]:
+        return {}
