@@ -1,11 +1,16 @@
 """Tiny randomly initialised causal LMs built in code (no downloads), for fast CPU tests.
 
 `tiny_model(family)` returns an fp32 model in eval mode; families: "llama", "qwen2", "gemma".
+`tiny_tokenizer()` is a matching character-level tokenizer; `hf_generate` is the plain
+decoding reference and `ScriptedCache` a `LookaheadCache` stand-in with scripted drafts.
 Other test files may import this module.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import torch
 
 FAMILIES = ("llama", "qwen2", "gemma")
@@ -85,3 +90,81 @@ def tiny_tokenizer(vocab_size: int = 128):
     return PreTrainedTokenizerFast(
         tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<s>"
     )
+
+
+def hf_generate(model, ids, max_new_tokens, eos_token_id=None, **kw) -> list:
+    """New token ids from plain `model.generate` (greedy unless kw says otherwise)."""
+    inp = torch.tensor([ids])
+    kw.setdefault("do_sample", False)
+    with torch.inference_mode():
+        out = model.generate(
+            inp,
+            attention_mask=torch.ones_like(inp),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id,
+            pad_token_id=0,
+            **kw,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def repetitive_prompt(rng, vocab_size: int, lo: int = 8, hi: int = 40) -> list:
+    """A prompt made of a short random pattern repeated (with one mutation), so n-grams recur."""
+    pat = [rng.randrange(2, vocab_size) for _ in range(rng.randrange(2, 7))]
+    ids = (pat * (hi // len(pat) + 1))[: rng.randrange(lo, hi)]
+    if len(ids) > 4:
+        ids[rng.randrange(len(ids))] = rng.randrange(2, vocab_size)
+    return ids
+
+
+class ScriptedCache:
+    """A stand-in for `LookaheadCache` that drafts from a known continuation.
+
+    `truth` is the full expected sequence (prompt + output). Each draft has, per level, a wrong
+    sibling first and then the true token (so the accepted path skips nodes and the KV rows
+    must move), `chain` levels deep. With `correct=False` only wrong tokens are drafted, so
+    every draft is rejected at the root. Records every `extend` for checks.
+    """
+
+    def __init__(self, truth: list, vocab_size: int, chain: int = 6, correct: bool = True):
+        self.truth = list(truth)
+        self.vocab = vocab_size
+        self.chain = chain
+        self.correct = correct
+        self.ctx: list = []
+        self.extended: list = []
+        self.finished = False
+
+    def start_request(self, rid, ids, namespace="default"):
+        self.ctx = list(ids)
+
+    def extend(self, rid, toks):
+        self.extended.append(list(toks))
+        self.ctx.extend(int(t) for t in toks)
+
+    def finish_request(self, rid, keep_prompt=None):
+        self.finished = True
+
+    def _wrong(self, t: int) -> int:
+        return 2 + (t - 2 + 1) % (self.vocab - 2)
+
+    def draft(self, rid, budget=16, multi_branch=True):
+        pos = len(self.ctx)
+        assert self.ctx == self.truth[:pos], "the engine's context left the reference"
+        tokens, parents, prev = [self.ctx[-1]], [-1], 0
+        for t in self.truth[pos : pos + self.chain]:
+            if len(tokens) + (2 if self.correct else 1) > budget + 1:
+                break
+            tokens.append(self._wrong(t))
+            parents.append(prev)
+            if self.correct:
+                tokens.append(t)
+                parents.append(prev)
+            prev = len(tokens) - 1
+        n = len(tokens)
+        return SimpleNamespace(
+            tokens=np.array(tokens, dtype=np.int32),
+            parents=np.array(parents, dtype=np.int32),
+            scores=np.zeros(n, dtype=np.float32),
+            num_nodes=n,
+        )

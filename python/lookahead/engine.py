@@ -312,13 +312,19 @@ class LookaheadGenerator:
         mask_buf = torch.ones((1, 1, budget + 1, 0), dtype=torch.bool, device=dev)
         out: list = []
         reason = "length"
+        root = ids[-1]
+        root_parents = np.array([-1], dtype=np.int32)
         while True:
             t1 = perf()
-            d = self.cache.draft(rid, budget=budget, multi_branch=mb)
-            n = int(d.num_nodes)
+            if budget > 0:
+                d = self.cache.draft(rid, budget=budget, multi_branch=mb)
+                d_parents, d_tokens = d.parents, d.tokens
+            else:  # plain decoding through the same path (the trie takes budgets >= 1)
+                d_parents, d_tokens = root_parents, np.array([root], dtype=np.int64)
+            n = len(d_tokens)
             t2 = perf()
-            parents = torch.from_numpy(np.ascontiguousarray(d.parents, dtype=np.int32))[None]
-            tokens = torch.from_numpy(np.ascontiguousarray(d.tokens, dtype=np.int64))[None]
+            parents = torch.from_numpy(np.ascontiguousarray(d_parents, dtype=np.int32))[None]
+            tokens = torch.from_numpy(np.ascontiguousarray(d_tokens, dtype=np.int64))[None]
             num_nodes = torch.tensor([n], dtype=torch.int32)
             seq_lens = torch.tensor([seq_len], dtype=torch.int64)
             meta = kernels.tree_metadata(parents, num_nodes, seq_lens)
@@ -390,8 +396,12 @@ class LookaheadGenerator:
                 delta = text.delta(out, final=cut is not None) if text is not None else ""
                 on_tokens(out[start:], delta)
             if cut is not None:
+                # The final tokens still join the request's output (shared history on finish).
+                if len(out) > start:
+                    self.cache.extend(rid, out[start:])
                 return out, reason
             self.cache.extend(rid, emitted)
+            root = emitted[-1]
             if seen is not None:
                 seen[torch.tensor(emitted, device=dev)] = True
             seq_len += len(path)

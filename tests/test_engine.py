@@ -1,0 +1,260 @@
+"""The HF engine on tiny random models: greedy equality with `model.generate`, edge cases."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from lookahead import LookaheadCache
+from lookahead.engine import GenerationResult, LookaheadGenerator, generate
+from lookahead.kv import KVCacheError
+from tiny_models import (
+    EOS_ID,
+    FAMILIES,
+    ScriptedCache,
+    hf_generate,
+    repetitive_prompt,
+    tiny_model,
+    tiny_tokenizer,
+)
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # Tiny models: thread start-up costs more than it saves, and CI shares 2 cores.
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    return request.param, tiny_model(request.param)
+
+
+def test_greedy_equals_generate_over_random_prompts(family_model):
+    family, model = family_model
+    gen = LookaheadGenerator(model, budget=12)
+    rng = random.Random(1234)
+    accepted = 0
+    for i in range(10):
+        ids = repetitive_prompt(rng, VOCAB)
+        new = rng.choice([17, 32])
+        ref = hf_generate(model, ids, new)
+        res = gen.generate(ids, max_new_tokens=new, eos_token_id=None)
+        assert res.ids == ref, f"{family} prompt {i}: {ids}"
+        assert res.stats.new_tokens == len(ref)
+        accepted += sum(res.stats.accepted)
+    # Without accepted drafts the equality above would prove nothing about the tree path.
+    assert accepted >= 20, f"{family}: only {accepted} draft tokens accepted"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_generate_with_scripted_trees(family):
+    # Every step accepts a multi-level path that skips wrong siblings, so KV rows move.
+    model = tiny_model(family, seed=3)
+    rng = random.Random(7)
+    for _ in range(3):
+        ids = repetitive_prompt(rng, VOCAB)
+        ref = hf_generate(model, ids, 30)
+        cache = ScriptedCache(ids + ref, VOCAB, chain=5)
+        res = LookaheadGenerator(model, cache=cache, budget=10).generate(
+            ids, max_new_tokens=30, eos_token_id=None
+        )
+        assert res.ids == ref
+        assert res.stats.steps == 5  # 5 accepted + 1 bonus per step
+        assert all(a == 5 for a in res.stats.accepted)
+        assert cache.finished
+        assert sum(cache.extended, []) == ref
+
+
+def test_eager_attention_takes_additive_mask():
+    model = tiny_model("llama", seed=5, attn_implementation="eager")
+    ids = [5, 6, 7, 5, 6, 7, 5, 6]
+    ref = hf_generate(model, ids, 24)
+    res = LookaheadGenerator(model, cache=ScriptedCache(ids + ref, VOCAB, chain=4)).generate(
+        ids, max_new_tokens=24, eos_token_id=None
+    )
+    assert res.ids == ref
+    assert sum(res.stats.accepted) > 0
+
+
+def test_no_draft_at_all_and_one_token_prompt():
+    model = tiny_model("qwen2", seed=2)
+    gen = LookaheadGenerator(model, budget=0)
+    for ids in ([9], [3, 4, 5, 6, 7, 8, 9, 10]):
+        ref = hf_generate(model, ids, 12)
+        res = gen.generate(ids, max_new_tokens=12, eos_token_id=None)
+        assert res.ids == ref
+        assert res.stats.steps == 12
+        assert res.stats.accepted == [0] * 12
+        assert res.stats.draft_nodes == [0] * 12
+
+
+def test_drafts_rejected_at_the_root():
+    model = tiny_model("gemma", seed=4)
+    ids = [11, 12, 13, 11, 12, 13, 11]
+    ref = hf_generate(model, ids, 15)
+    cache = ScriptedCache(ids + ref, VOCAB, chain=4, correct=False)
+    res = LookaheadGenerator(model, cache=cache).generate(ids, max_new_tokens=15, eos_token_id=None)
+    assert res.ids == ref
+    assert res.stats.accepted == [0] * 15
+    assert res.stats.draft_nodes[:11] == [4] * 11  # the script runs out near the end
+
+
+def _first_new_position(seq: list, lo: int) -> int:
+    """An index p >= lo whose token does not occur in seq[:p]."""
+    for p in range(lo, len(seq)):
+        if seq[p] not in seq[:p]:
+            return p
+    raise AssertionError(f"no fresh token after {lo} in {seq}")
+
+
+@pytest.mark.parametrize("as_stop_token", [False, True])
+def test_eos_inside_an_accepted_draft(as_stop_token):
+    model = tiny_model("llama", seed=6)
+    ids = [20, 21, 22, 20, 21, 22, 20]
+    ref = hf_generate(model, ids, 30)
+    p = _first_new_position(ref, 3)
+    stop = ref[p]
+    cache = ScriptedCache(ids + ref, VOCAB, chain=8)
+    kw = {"stop_token_ids": [stop], "eos_token_id": None} if as_stop_token else {}
+    res = LookaheadGenerator(model, cache=cache).generate(
+        ids, max_new_tokens=30, **({"eos_token_id": stop} | kw)
+    )
+    assert res.ids == hf_generate(model, ids, 30, eos_token_id=stop) == ref[: p + 1]
+    assert res.finish_reason == ("stop_token" if as_stop_token else "eos")
+    assert res.stats.steps < len(res.ids)  # the stop token came inside a multi-token step
+
+
+def test_default_eos_comes_from_the_generation_config():
+    model = tiny_model("llama", seed=6)
+    ids = [20, 21, 22, 20, 21, 22, 20]
+    ref = hf_generate(model, ids, 30)
+    p = _first_new_position(ref, 2)
+    model.generation_config.eos_token_id = ref[p]
+    res = LookaheadGenerator(model).generate(ids, max_new_tokens=30)
+    assert res.ids == ref[: p + 1]
+    assert res.finish_reason == "eos"
+    model.generation_config.eos_token_id = EOS_ID
+
+
+def test_max_new_tokens_reached_mid_draft():
+    model = tiny_model("qwen2", seed=8)
+    ids = [30, 31, 32, 33, 30, 31, 32]
+    ref = hf_generate(model, ids, 20)
+    for limit in (1, 5, 9):
+        cache = ScriptedCache(ids + ref, VOCAB, chain=6)
+        res = LookaheadGenerator(model, cache=cache, budget=12).generate(
+            ids, max_new_tokens=limit, eos_token_id=None
+        )
+        assert res.ids == ref[:limit] == hf_generate(model, ids, limit)
+        assert res.finish_reason == "length"
+        assert res.stats.steps == -(-limit // 7)
+
+
+def test_stop_strings_and_streaming():
+    tok = tiny_tokenizer(VOCAB)
+    model = tiny_model("llama", seed=9)
+    ids = tok("abcabcabca")["input_ids"]
+    ref = hf_generate(model, ids, 30)
+    text = tok.decode(ref)
+    stop = text[8:11]
+    # The reference: the shortest prefix of ref whose text contains the stop string.
+    k = next(k for k in range(1, len(ref) + 1) if stop in tok.decode(ref[:k]))
+    cache = ScriptedCache(ids + ref, VOCAB, chain=6)
+    chunks = []
+    res = LookaheadGenerator(model, tok, cache=cache).generate(
+        ids,
+        max_new_tokens=30,
+        eos_token_id=None,
+        stop_strings=["never-there", stop],
+        on_tokens=lambda new, delta: chunks.append((list(new), delta)),
+    )
+    assert res.ids == ref[:k]
+    assert res.finish_reason == "stop_string"
+    assert res.text == tok.decode(ref[:k]) and res.text.endswith(stop)
+    assert sum((c[0] for c in chunks), []) == res.ids
+    assert "".join(c[1] for c in chunks) == res.text
+    assert len(chunks) == res.stats.steps < len(res.ids)
+
+
+def test_text_prompt_chat_free_and_result_type():
+    tok = tiny_tokenizer(VOCAB)
+    model = tiny_model("gemma", seed=10)
+    res = generate(model, "hello hello hello", tok, max_new_tokens=8, eos_token_id=None)
+    assert isinstance(res, GenerationResult)
+    assert res.ids == hf_generate(model, tok("hello hello hello")["input_ids"], 8)
+    assert res.text == tok.decode(res.ids)
+    d = res.stats.as_dict()
+    assert d["new_tokens"] == 8 and d["steps"] == res.stats.steps >= 1
+    assert d["forward_s"] > 0 and d["total_s"] >= d["forward_s"]
+
+
+def test_shared_cache_drafts_from_earlier_outputs():
+    model = tiny_model("llama", seed=11)
+    gen = LookaheadGenerator(model, cache=LookaheadCache(max_depth=8), budget=12)
+    ids = [40, 41, 42, 43, 44, 45]
+    first = gen.generate(ids, max_new_tokens=40, eos_token_id=None)
+    again = gen.generate(ids, max_new_tokens=40, eos_token_id=None)
+    assert first.ids == again.ids == hf_generate(model, ids, 40)
+    # The second run drafts from the first run's output kept in the shared history.
+    assert sum(again.stats.accepted) > sum(first.stats.accepted)
+
+
+def test_greedy_with_repetition_penalty_equals_generate():
+    model = tiny_model("qwen2", seed=12)
+    rng = random.Random(3)
+    gen = LookaheadGenerator(model)
+    for _ in range(4):
+        ids = repetitive_prompt(rng, VOCAB)
+        ref = hf_generate(model, ids, 24, repetition_penalty=1.4)
+        cache = ScriptedCache(ids + ref, VOCAB, chain=5)
+        res = LookaheadGenerator(model, cache=cache).generate(
+            ids, max_new_tokens=24, eos_token_id=None, repetition_penalty=1.4
+        )
+        assert res.ids == ref
+        res2 = gen.generate(ids, max_new_tokens=24, eos_token_id=None, repetition_penalty=1.4)
+        assert res2.ids == ref
+
+
+class _NoCacheLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = tiny_model("llama").config
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, input_ids):
+        return input_ids
+
+
+def test_bad_input_gives_clear_errors():
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model)
+    with pytest.raises(ValueError, match="empty"):
+        gen.generate([], max_new_tokens=4)
+    with pytest.raises(ValueError, match="empty"):
+        LookaheadGenerator(model, tiny_tokenizer(VOCAB)).generate("", max_new_tokens=4)
+    with pytest.raises(ValueError, match="tokenizer"):
+        gen.generate("text without a tokenizer", max_new_tokens=4)
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            gen.generate([5, 6], max_new_tokens=bad)
+    with pytest.raises(ValueError, match="temperature"):
+        gen.generate([5, 6], max_new_tokens=4, do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="budget"):
+        LookaheadGenerator(model, budget=-1)
+    with pytest.raises(ValueError, match="batch"):
+        gen.generate(torch.ones((2, 3), dtype=torch.long), max_new_tokens=4)
+    with pytest.raises(KVCacheError, match="past_key_values"):
+        LookaheadGenerator(_NoCacheLM())
+    with pytest.raises(KVCacheError, match="not an HF"):
+        LookaheadGenerator(object())
+    # The generator stays usable after errors (no request left open in the trie).
+    assert gen.generate([5, 6, 5, 6], max_new_tokens=3, eos_token_id=None).ids == hf_generate(
+        model, [5, 6, 5, 6], 3
+    )
