@@ -54,8 +54,9 @@ KERNELS = [
         {
             "probs_ptr": "*bf16", "uniforms_ptr": "*fp32", "num_nodes_ptr": "*i32",
             "draws_ptr": "*i64", "W": I32, "V": I32, "BLOCK_V": "constexpr",
+            "NUM_BLOCKS": "constexpr",
         },
-        {"BLOCK_V": 4096},
+        {"BLOCK_V": 4096, "NUM_BLOCKS": 64},
     ),
 ]  # fmt: skip
 

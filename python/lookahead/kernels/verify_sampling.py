@@ -10,9 +10,9 @@ biases the output; `tests/kernels/test_sampling_exactness.py` shows the bias is 
 
 GPU layout: the draw at node `i` depends only on `probs[b, i]` and `uniforms[b, i]`, never on
 the walk, so the draws for all real nodes run in parallel (one program per node, block-wise
-over the vocabulary: a row-sum pass, then a cumulative-sum pass that stops at the block
-where the CDF crosses the threshold), and the walk is the greedy walk kernel with the draws
-as the target's choices. Padding rows are never read.
+over the vocabulary: one pass computing per-block sums, then a cumulative sum inside the one
+block where the CDF crosses `u * total`), and the walk is the greedy walk kernel with the
+draws as the target's choices. Padding rows are never read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lookahead.kernels._jit import check_launchable, lazy_jit
+from lookahead.kernels._jit import check_launchable, lazy_jit, next_pow2
 from lookahead.kernels._types import VerifyResult
 from lookahead.kernels.verify_greedy import tree_walk_ref, tree_walk_triton
 
@@ -37,6 +37,7 @@ def _draw_kernel(
     W,
     V,
     BLOCK_V: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
 ):
     row = tl.program_id(0)
     b = row // W
@@ -45,31 +46,32 @@ def _draw_kernel(
     span = tl.where(i < n, V, 0)  # padding rows: no pass over the vocabulary
     base = row.to(tl.int64) * V
     offs = tl.arange(0, BLOCK_V)
+    blocks = tl.arange(0, NUM_BLOCKS)
 
-    # Pass 1: row sum, and the last index with positive mass (the draw if rounding pushes
-    # the threshold past the final cumulative sum).
-    total = tl.zeros([], dtype=tl.float32)
+    # The one full pass: per-block sums (kept in registers), and the last index with
+    # positive mass (the draw if rounding pushes the threshold past the total).
+    sums = tl.zeros([NUM_BLOCKS], dtype=tl.float32)
     last_pos = tl.full([], -1, dtype=tl.int32)
-    for start in range(0, span, BLOCK_V):
-        cols = start + offs
+    for k in range(0, tl.cdiv(span, BLOCK_V)):
+        cols = k * BLOCK_V + offs
         p = tl.load(probs_ptr + base + cols, mask=cols < V, other=0.0).to(tl.float32)
-        total += tl.sum(p, axis=0)
+        sums = tl.where(blocks == k, tl.sum(p, axis=0), sums)
         last_pos = tl.maximum(last_pos, tl.max(tl.where(p > 0, cols, -1), axis=0))
 
-    # Pass 2: first index whose cumulative sum exceeds u * total, block by block.
-    thresh = tl.load(uniforms_ptr + row).to(tl.float32) * total
-    running = tl.zeros([], dtype=tl.float32)
-    found = tl.full([], -1, dtype=tl.int32)
-    start = 0
-    while (found < 0) & (start < span):
-        cols = start + offs
-        p = tl.load(probs_ptr + base + cols, mask=cols < V, other=0.0).to(tl.float32)
-        cdf = running + tl.cumsum(p, axis=0)
-        first = tl.min(tl.where((cdf > thresh) & (cols < V), cols, V), axis=0)
-        found = tl.where(first < V, first, -1)
-        running = tl.max(cdf, axis=0)
-        start += BLOCK_V
-    draw = tl.where(found >= 0, found, tl.maximum(last_pos, 0))
+    # The block where the CDF crosses u * total, then the index inside it: one more block.
+    thresh = tl.load(uniforms_ptr + row).to(tl.float32) * tl.sum(sums, axis=0)
+    cum = tl.cumsum(sums, axis=0)
+    k_hit = tl.min(tl.where(cum > thresh, blocks, NUM_BLOCKS), axis=0)
+    hit = k_hit < NUM_BLOCKS
+    before = tl.sum(tl.where(blocks < k_hit, sums, 0.0), axis=0)
+    cols = k_hit * BLOCK_V + offs
+    p = tl.load(probs_ptr + base + cols, mask=cols < tl.where(hit, V, 0), other=0.0)
+    p = p.to(tl.float32)
+    cdf = before + tl.cumsum(p, axis=0)
+    first = tl.min(tl.where((cdf > thresh) & (cols < V), cols, V), axis=0)
+    block_last = tl.max(tl.where(p > 0, cols, -1), axis=0)
+    fallback = tl.where(hit & (block_last >= 0), block_last, tl.maximum(last_pos, 0))
+    draw = tl.where(first < V, first, fallback)
     tl.store(draws_ptr + row, draw.to(tl.int64))
 
 
@@ -82,6 +84,7 @@ def sample_nodes_triton(
     draws = torch.zeros((B, W), dtype=torch.int64, device=probs.device)
     if B == 0:
         return draws
+    block_v = min(4096, max(16, next_pow2(V)))
     _draw_kernel[(B * W,)](
         probs.contiguous(),
         uniforms.contiguous(),
@@ -89,7 +92,8 @@ def sample_nodes_triton(
         draws,
         W,
         V,
-        BLOCK_V=min(4096, max(16, 1 << (V - 1).bit_length())),
+        BLOCK_V=block_v,
+        NUM_BLOCKS=next_pow2(max(2, -(-V // block_v))),
         num_warps=8 if V >= 4096 else 2,
     )
     return draws
