@@ -68,3 +68,10 @@ def check_tree(name: str, tokens: Sequence[int], parents: Sequence[int], budget:
         raise AssertionError(f"{name}: {len(tokens)} tokens but {len(parents)} parents")
     if len(tokens) > budget:
         raise AssertionError(f"{name}: drafted {len(tokens)} nodes > budget {budget}")
+
+
+def trie_rows(texts, stream, args) -> list[dict]:
+    """Peers' host-cost rows for `lookahead bench trie --peers` (see `peers/hostcost.py`)."""
+    from lookahead.bench.peers.hostcost import trie_rows as rows
+
+    return rows(texts, stream, args)
