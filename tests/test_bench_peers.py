@@ -191,3 +191,19 @@ def test_suffix_decoding_real_tree():
         toks, pars = d.draft(0, ctx, 3)
         assert toks == [3, 4, 5] and pars == [-1, 0, 1]
         d.finish_request(0)
+
+
+def test_hostcost_history_stream_and_vllm_rows():
+    from lookahead.bench.peers.hostcost import history_stream, vllm_rows
+
+    s = np.arange(10, dtype=np.int32)
+    h = history_stream(s, 25)
+    assert h.size == 25 and h[10] == 1_000_000 and h[24] == 2_000_004
+    rows = vllm_rows(np.tile(np.arange(50, dtype=np.int32), 4), [64, 128], 8, 20)
+    assert [(r["what"], r["path"]) for r in rows] == [
+        ("draft ctx 64", "vllm5-5"),
+        ("draft ctx 128", "vllm5-5"),
+        ("draft ctx 64", "vllm1-5"),
+        ("draft ctx 128", "vllm1-5"),
+    ]
+    assert all(r["p99"] >= r["p50"] > 0 for r in rows)
