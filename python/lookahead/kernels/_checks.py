@@ -73,8 +73,10 @@ def check_tree(
     _same("num_nodes", nn, (B,), p.device)
     if tokens is not None:
         _same("tokens", _tensor("tokens", tokens, 2, INDEX_DTYPES), (B, W), p.device)
+    lens = None
     if seq_lens is not None:
-        _same("seq_lens", _tensor("seq_lens", seq_lens, 1, INDEX_DTYPES), (B,), p.device)
+        lens = _tensor("seq_lens", seq_lens, 1, INDEX_DTYPES)
+        _same("seq_lens", lens, (B,), p.device)
     do = resolve_validate(validate, p)
     if not do or B == 0:
         return do
@@ -82,14 +84,14 @@ def check_tree(
     idx = torch.arange(W, device=p.device)
     n = nn.long()
     par = p.long()
-    real = (idx >= 1) & (idx[None, :] < n[:, None])
+    draft = (idx >= 1) & (idx[None, :] < n[:, None])  # real nodes other than the root
     bad_n = (n < 1) | (n > W)
     bad_root = par[:, 0] != -1
-    bad_par = real & ((par < 0) | (par >= idx))
+    bad_par = draft & ((par < 0) | (par >= idx))
     checks = [bad_n.any(), bad_root.any(), bad_par.any()]
     bad_len = None
-    if seq_lens is not None:
-        bad_len = seq_lens < 0  # type: ignore[operator]
+    if lens is not None:
+        bad_len = lens < 0
         checks.append(bad_len.any())
     flags = torch.stack(checks).cpu().tolist()  # the one device-to-host copy
     if flags[0]:
