@@ -14,8 +14,10 @@ const SEG_BITS: u32 = 16;
 const SEG_LEN: usize = 1 << SEG_BITS;
 const SEG_MASK: u32 = (SEG_LEN as u32) - 1;
 
-/// One trie node: 28 bytes. Children form a doubly linked sibling list (O(1) unlink on
+/// One trie node: 36 bytes. Children form a doubly linked sibling list (O(1) unlink on
 /// eviction); a node with many children also gets a hash side table (`side`) for lookup.
+/// History tries also keep suffix links (`link`: the node of this n-gram minus its first
+/// token), so a long copy is followed without walking from the root at every step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Node {
     pub token: u32,
@@ -27,6 +29,10 @@ pub struct Node {
     pub prev_sibling: u32,
     /// Index into the trie's side tables, or `NONE`.
     pub side: u32,
+    /// Suffix link, or `NONE` where unknown.
+    pub link: u32,
+    /// Nodes whose suffix link points here (such a node is never evicted).
+    pub linked_by: u32,
 }
 
 impl Node {
@@ -39,6 +45,8 @@ impl Node {
             next_sibling: NONE,
             prev_sibling: NONE,
             side: NONE,
+            link: NONE,
+            linked_by: 0,
         }
     }
 
@@ -187,8 +195,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn node_is_28_bytes() {
-        assert_eq!(std::mem::size_of::<Node>(), 28);
+    fn node_is_36_bytes() {
+        assert_eq!(std::mem::size_of::<Node>(), 36);
     }
 
     #[test]

@@ -350,13 +350,21 @@ impl Shared {
     /// Indexes every window of `text` into `ns`'s history, `CHUNK_TOKENS` windows per lock.
     fn add_history(&self, ns: &Namespace, text: &[u32]) {
         let depth = self.cfg.max_depth;
+        let mut cursor = ReqState {
+            tail: Vec::new(),
+            cursors: Vec::new(),
+            epoch: u64::MAX,
+        };
         let mut s = 0;
         while s < text.len() {
             let end = (s + CHUNK_TOKENS).min(text.len());
-            let got = self.reserve(((end - s) * depth) as u64);
+            let got = self.reserve(((end - s) * depth + depth * depth) as u64);
             let mut h = write(&ns.history);
             h.allowance = got;
-            h.add_windows(text, depth, s..end);
+            // The n-grams ending at each token, as `extend` counts them (same counts as all
+            // windows of the text, and suffix links come for free).
+            let ok = extend_history(&mut h, &mut cursor, &text[s..end], depth);
+            cursor.epoch = if ok { h.epoch } else { u64::MAX };
             let unused = std::mem::take(&mut h.allowance);
             drop(h);
             self.budget.release(unused);
@@ -794,7 +802,11 @@ fn extend_history(h: &mut Trie, st: &mut ReqState, chunk: &[u32], depth: usize) 
             ok = false;
         } else {
             h.bump(first, 1);
+            h.set_link(first, ROOT);
             next.push(first);
+            // The n-grams ending at `t`, shortest first: each one's suffix link is the
+            // previous one.
+            let mut prev = first;
             for &c in &st.cursors {
                 let child = h.child_or_insert(c, t);
                 if child == NONE {
@@ -802,6 +814,8 @@ fn extend_history(h: &mut Trie, st: &mut ReqState, chunk: &[u32], depth: usize) 
                     break;
                 }
                 h.bump(child, 1);
+                h.set_link(child, prev);
+                prev = child;
                 if next.len() < keep {
                     next.push(child);
                 }

@@ -20,8 +20,10 @@ use std::collections::BinaryHeap;
 use crate::arena::NONE;
 use crate::trie::{Side, Trie};
 
-pub type State = [u32; 2];
-const EMPTY: State = [NONE, NONE];
+/// (prompt-trie node, history-trie node, n-gram length); a node is `NONE` where that trie
+/// does not continue the n-gram.
+pub type State = [u32; 3];
+const EMPTY: State = [NONE, NONE, 0];
 
 /// The tries a draft reads and how to weigh them.
 pub struct Sources<'a> {
@@ -96,14 +98,29 @@ impl Sources<'_> {
         ]
     }
 
-    /// State of the `k`-token suffix of `ctx` if it has a continuation in a participating trie.
-    fn probe(&self, ctx: &[u32], k: usize) -> Option<State> {
+    /// State of the `k`-token suffix of `ctx` if it has a continuation in a participating
+    /// trie. `hint`, the state of a longer suffix of `ctx`, lets a trie with suffix links
+    /// reach the node by following links instead of walking from the root.
+    fn probe(&self, ctx: &[u32], k: usize, hint: Option<State>) -> Option<State> {
         let s = &ctx[ctx.len() - k..];
         let mut st = EMPTY;
+        st[2] = k as u32;
         let mut any = false;
         for (x, (trie, w)) in self.tries().into_iter().enumerate() {
             if let Some(t) = trie.filter(|_| w > 0.0) {
-                let n = t.walk(s);
+                let mut n = NONE;
+                if let Some(h) = hint.filter(|h| h[x] != NONE && h[2] as usize >= k) {
+                    n = h[x];
+                    for _ in k..h[2] as usize {
+                        n = t.node(n).link;
+                        if n == NONE {
+                            break;
+                        }
+                    }
+                }
+                if n == NONE {
+                    n = t.walk(s);
+                }
                 if n != NONE && t.has_continuation(n) {
                     st[x] = n;
                     any = true;
@@ -121,18 +138,27 @@ impl Sources<'_> {
     /// binary search finds the longest. (After eviction removed some n-grams this may settle
     /// on a shorter suffix than a linear scan would.)
     pub fn match_suffix(&self, ctx: &[u32]) -> Option<State> {
-        let longest = ctx.len().min(self.max_depth.saturating_sub(1));
+        self.match_hinted(ctx, None)
+    }
+
+    /// `match_suffix` where `hint` is the state of a suffix of `ctx` that has no continuation
+    /// (so only shorter suffixes can match), reached through suffix links where possible.
+    fn match_hinted(&self, ctx: &[u32], hint: Option<State>) -> Option<State> {
+        let mut longest = ctx.len().min(self.max_depth.saturating_sub(1));
+        if let Some(h) = hint {
+            longest = longest.min((h[2] as usize).saturating_sub(1));
+        }
         if longest == 0 {
             return None;
         }
-        if let Some(st) = self.probe(ctx, longest) {
+        if let Some(st) = self.probe(ctx, longest, hint) {
             return Some(st);
         }
         // Invariant: suffix `lo` has a continuation (or lo == 0), suffix `hi` has none.
         let (mut lo, mut hi, mut best) = (0, longest, None);
         while hi - lo > 1 {
             let mid = (lo + hi) / 2;
-            match self.probe(ctx, mid) {
+            match self.probe(ctx, mid, hint) {
                 Some(st) => {
                     lo = mid;
                     best = Some(st);
@@ -143,7 +169,7 @@ impl Sources<'_> {
         if lo == 0 {
             return None;
         }
-        best.or_else(|| self.probe(ctx, lo))
+        best.or_else(|| self.probe(ctx, lo, hint))
     }
 
     /// Scored continuations of `st`, best first (score desc, token asc), into `out`; only
@@ -154,10 +180,12 @@ impl Sources<'_> {
     /// and the result is kept if its `room`-th score beats the best score any unranked child
     /// could reach (threshold algorithm); otherwise every child is scored.
     pub fn candidates(&self, st: State, room: usize, scratch: &mut Scratch, out: &mut Vec<Cand>) {
-        if room > 0 && self.ranked_candidates(st, room, scratch, out) {
-            return;
+        if room == 0 || !self.ranked_candidates(st, room, scratch, out) {
+            self.all_candidates(st, room, scratch, out);
         }
-        self.all_candidates(st, room, scratch, out);
+        for c in out.iter_mut() {
+            c.child[2] = st[2] + 1;
+        }
     }
 
     fn ranked_candidates(
@@ -273,7 +301,7 @@ impl Sources<'_> {
         Cand {
             token: r.0,
             score: (a + b) / wsum,
-            child: [r.3, r.4],
+            child: [r.3, r.4, 0],
         }
     }
 
@@ -365,7 +393,7 @@ impl Sources<'_> {
         let from_ctx = keep.saturating_sub(path.len()).min(ctx.len());
         buf.extend_from_slice(&ctx[ctx.len() - from_ctx..]);
         buf.extend_from_slice(&path[path.len().saturating_sub(keep)..]);
-        let Some(st) = self.match_suffix(&buf) else {
+        let Some(st) = self.match_hinted(&buf, st) else {
             out.clear();
             return;
         };
@@ -570,7 +598,7 @@ mod tests {
                         s.all_candidates(st, room, &mut scratch, &mut b);
                         let key = |v: &Vec<Cand>| {
                             v.iter()
-                                .map(|c| (c.token, c.score.to_bits(), c.child))
+                                .map(|c| (c.token, c.score.to_bits(), [c.child[0], c.child[1]]))
                                 .collect::<Vec<_>>()
                         };
                         assert_eq!(key(&a), key(&b), "ctx {ctx:?} room {room}");

@@ -80,7 +80,8 @@ impl Trie {
             if n.is_free() {
                 continue;
             }
-            if n.count == 0 && n.first_child == NONE {
+            // A link target goes after the longer n-grams that link to it.
+            if n.count == 0 && n.first_child == NONE && n.linked_by == 0 {
                 self.free_leaf(i);
                 freed += 1;
                 if freed >= want {

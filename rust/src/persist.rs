@@ -165,6 +165,7 @@ pub fn load(path: &Path, background_indexing: Option<bool>) -> Result<Cache> {
             t.bump(c, count);
             index.push(c);
         }
+        t.compute_links();
         cache.install_history(&name, t);
     }
     if &r.bytes::<4>()? != END {

@@ -264,6 +264,43 @@ impl Trie {
         self.sides[s as usize].top = top;
     }
 
+    /// Sets the suffix link of `n` (if unset) to `target`, the node of `n`'s n-gram without
+    /// its first token.
+    #[inline]
+    pub fn set_link(&mut self, n: u32, target: u32) {
+        if self.arena.get(n).link != NONE || target == NONE {
+            return;
+        }
+        self.arena.get_mut(n).link = target;
+        if target != ROOT {
+            self.arena.get_mut(target).linked_by += 1;
+        }
+    }
+
+    /// Sets every missing suffix link (breadth first: a node's link is the child, by its
+    /// token, of its parent's link). Used after loading a saved trie.
+    pub fn compute_links(&mut self) {
+        let mut queue = vec![ROOT];
+        let mut i = 0;
+        while i < queue.len() {
+            let n = queue[i];
+            i += 1;
+            let kids: Vec<(u32, u32)> = self.children(n).collect();
+            let plink = self.node(n).link;
+            for (tok, c) in kids {
+                let target = if n == ROOT {
+                    ROOT
+                } else if plink == NONE {
+                    NONE
+                } else {
+                    self.find_child(plink, tok)
+                };
+                self.set_link(c, target);
+                queue.push(c);
+            }
+        }
+    }
+
     /// Halves the count of `n` (eviction's decay), keeping its parent's sum exact.
     pub(crate) fn decay(&mut self, n: u32) {
         self.evicted = true;
@@ -424,6 +461,9 @@ impl Trie {
             self.sides[node.side as usize] = Side::default();
             self.free_sides.push(node.side);
         }
+        if node.link != NONE && node.link != ROOT {
+            self.arena.get_mut(node.link).linked_by -= 1;
+        }
         self.arena.free(i);
         self.epoch += 1;
         self.evicted = true;
@@ -450,6 +490,7 @@ impl Trie {
             return bad("root is missing".into());
         }
         let mut seen_children = 0u64;
+        let mut linked_by = vec![0u32; slots as usize];
         let mut used_sides = 0usize;
         for i in 0..slots {
             let n = self.arena.get(i);
@@ -467,6 +508,16 @@ impl Trie {
                         n.token
                     ));
                 }
+            }
+            if n.link != NONE {
+                if i == ROOT || n.link >= slots || self.arena.get(n.link).is_free() {
+                    return bad(format!("node {i} links to a dead node {}", n.link));
+                }
+                let (mine, theirs) = (self.path(i), self.path(n.link));
+                if mine[1..] != theirs[..] {
+                    return bad(format!("node {i} {mine:?} links to {theirs:?}"));
+                }
+                linked_by[n.link as usize] += 1;
             }
             let mut tokens = Vec::new();
             let mut prev = NONE;
@@ -542,10 +593,27 @@ impl Trie {
                 self.nodes()
             ));
         }
+        for i in 1..slots {
+            let n = self.arena.get(i);
+            if !n.is_free() && n.linked_by != linked_by[i as usize] {
+                return bad(format!("node {i} is linked by {} nodes, claims {}", linked_by[i as usize], n.linked_by));
+            }
+        }
         if used_sides + self.free_sides.len() != self.sides.len() {
             return bad("side table slots leak".into());
         }
         Ok(())
+    }
+
+    /// The n-gram of node `n` (root to `n`).
+    pub fn path(&self, mut n: u32) -> Vec<u32> {
+        let mut p = Vec::new();
+        while n != ROOT {
+            p.push(self.node(n).token);
+            n = self.node(n).parent;
+        }
+        p.reverse();
+        p
     }
 
     /// Every live non-root node as (n-gram, count); for tests and persistence.
