@@ -115,20 +115,17 @@ def build_full_mask_ref(
 
     With `M = tree_metadata_ref(...).mask` and `real[b, i] = i < num_nodes[b]`, request `b`
     contributes the row-major `W x (seq_lens[b] + W)` block `[real[b][:, None] * ones, M[b]]`,
-    and the blocks of all requests are concatenated in batch order.
-    `seq_lens_sum` is accepted for signature parity with the launcher and not used.
+    and the blocks of all requests are concatenated in batch order (built here request by
+    request, like SGLang's loop). `seq_lens_sum` is accepted for signature parity with the
+    launcher and not used.
     """
-    B, W = parents.shape
-    dev = parents.device
+    W = parents.shape[1]
     tree = tree_metadata_ref(parents, num_nodes, seq_lens).mask
-    real = torch.arange(W, device=dev)[None, :] < num_nodes[:, None].long()
-    lens = seq_lens.long()
-    # Dense [B, W, max_len + W] then keep each request's first seq_lens[b] + W columns:
-    # boolean indexing flattens row-major, which is exactly the concatenated layout.
-    max_len = int(lens.max().item()) if B > 0 else 0
-    col = torch.arange(max_len + W, device=dev)
-    rel = col[None, :] - lens[:, None]  # [B, C]: column relative to the draft block
-    draft_part = tree.gather(2, rel.clamp(0, W - 1)[:, None, :].expand(B, W, -1))
-    dense = torch.where((rel < 0)[:, None, :], real[:, :, None], draft_part)
-    keep = (rel < W)[:, None, :].expand(B, W, -1)
-    return dense[keep]
+    real = torch.arange(W, device=parents.device)[None, :] < num_nodes[:, None].long()
+    blocks = [
+        torch.cat((real[b, :, None].expand(W, length), tree[b]), dim=1).reshape(-1)
+        for b, length in enumerate(seq_lens.tolist())
+    ]
+    if not blocks:
+        return torch.zeros(0, dtype=torch.bool, device=parents.device)
+    return torch.cat(blocks)
