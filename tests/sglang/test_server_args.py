@@ -1,0 +1,137 @@
+"""SGLang's own CLI parser and speculative-argument resolution with `LOOKAHEAD`."""
+
+from __future__ import annotations
+
+import pytest
+
+BASE = [
+    "--model-path",
+    "/nonexistent/model",
+    "--page-size",
+    "1",
+    "--attention-backend",
+    "flashinfer",
+]
+
+
+def resolve(argv, monkeypatch, config_json=None):
+    """SGLang's parser (`prepare_server_args`), then SGLang's speculative resolution step
+    (`handle_speculative_decoding`, the pipeline step that runs our `handle_server_args`).
+    The rest of the pipeline needs a model checkpoint and a GPU."""
+    from sglang.srt.arg_groups.overrides import resolution_result
+    from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
+    from sglang.srt.server_args import prepare_server_args
+
+    if config_json is None:
+        monkeypatch.delenv("LOOKAHEAD_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("LOOKAHEAD_CONFIG", config_json)
+    args = prepare_server_args(BASE + argv)
+    args._resolved_overrides = []
+    handle_speculative_decoding(args)
+    return args, lambda field: resolution_result(args, field)
+
+
+def serving_config(get):
+    from types import SimpleNamespace
+
+    from lookahead.sglang.config import ServingConfig, read_env
+
+    fields = (
+        "speculative_num_draft_tokens",
+        "speculative_ngram_max_trie_depth",
+        "speculative_ngram_capacity",
+        "speculative_ngram_max_bfs_breadth",
+    )
+    return ServingConfig.from_args(
+        SimpleNamespace(**{f: get(f) for f in fields}), read_env().config_json
+    )
+
+
+def test_defaults_are_ngrams(plugins_loaded, monkeypatch):
+    _, get = resolve(["--speculative-algorithm", "lookahead", "--device", "cuda"], monkeypatch)
+    assert get("speculative_algorithm") == "LOOKAHEAD"
+    assert get("speculative_num_draft_tokens") == 12
+    assert get("max_running_requests") == 48
+    assert get("enable_mixed_chunk") is False
+    assert get("speculative_eagle_topk") == 10  # = --speculative-ngram-max-bfs-breadth
+    assert get("speculative_num_steps") == 1
+    cfg = serving_config(get)
+    assert (cfg.width, cfg.budget, cfg.max_depth, cfg.capacity_nodes) == (12, 11, 18, 10_000_000)
+    assert cfg.multi_branch and cfg.namespace == "extra_key" and cfg.exact_sampling
+
+
+def test_our_flags_map_onto_sglangs(plugins_loaded, monkeypatch):
+    argv = [
+        "--speculative-algorithm", "LOOKAHEAD", "--device", "cuda",
+        "--speculative-num-draft-tokens", "16",
+        "--speculative-ngram-max-trie-depth", "24",
+        "--speculative-ngram-capacity", "2000000",
+        "--speculative-ngram-max-bfs-breadth", "1",
+        "--max-running-requests", "8",
+    ]  # fmt: skip
+    extra = '{"budget": 9, "prompt_weight": 2.0, "namespace": "request", "exact_sampling": false}'
+    _, get = resolve(argv, monkeypatch, extra)
+    assert get("speculative_num_draft_tokens") == 16
+    assert get("max_running_requests") == 8
+    assert get("speculative_eagle_topk") == 1
+    assert get("speculative_num_steps") == 16
+    cfg = serving_config(get)
+    assert (cfg.width, cfg.budget, cfg.max_depth, cfg.capacity_nodes) == (16, 9, 24, 2_000_000)
+    assert not cfg.multi_branch and cfg.prompt_weight == 2.0
+    assert cfg.namespace == "request" and not cfg.exact_sampling
+
+
+def test_non_cuda_device_fails_at_start_up(plugins_loaded, monkeypatch):
+    from lookahead.sglang import LookaheadConfigError
+
+    with pytest.raises(LookaheadConfigError, match="needs --device cuda.*got --device cpu"):
+        resolve(["--speculative-algorithm", "LOOKAHEAD", "--device", "cpu"], monkeypatch)
+
+
+def test_dp_attention_fails_at_start_up(plugins_loaded, monkeypatch):
+    from lookahead.sglang import LookaheadConfigError
+
+    argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda", "--tp-size", "2"]
+    args, _ = resolve(argv, monkeypatch)  # plain TP is fine
+    with pytest.raises(LookaheadConfigError, match="does not support DP attention"):
+        resolve(argv + ["--attn-dp-size", "2"], monkeypatch)
+
+
+def test_budget_too_large_for_the_graph_width_fails(plugins_loaded, monkeypatch):
+    from lookahead.sglang import LookaheadConfigError
+
+    argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"]
+    with pytest.raises(
+        LookaheadConfigError, match=r"budget=12 does not fit the CUDA-graph verify width.*12"
+    ):
+        resolve(argv + ["--speculative-num-draft-tokens", "12"], monkeypatch, '{"budget": 12}')
+    with pytest.raises(LookaheadConfigError, match="must be an int >= 2"):
+        resolve(argv + ["--speculative-num-draft-tokens", "1"], monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "config_json, message",
+    [
+        ("{nope", "not valid JSON"),
+        ("[1]", "must be a JSON object"),
+        ('{"prompt_wieght": 1}', r"unknown keys \['prompt_wieght'\]"),
+        ('{"namespace": "tenant"}', "namespace must be one of"),
+        ('{"output_weight": -1}', "output_weight must be a number >= 0"),
+        ('{"exact_sampling": 1}', "exact_sampling must be true or false"),
+    ],
+)
+def test_bad_lookahead_config_fails_at_start_up(plugins_loaded, monkeypatch, config_json, message):
+    from lookahead.sglang import LookaheadConfigError
+
+    with pytest.raises(LookaheadConfigError, match=message):
+        resolve(
+            ["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"], monkeypatch, config_json
+        )
+
+
+def test_ngram_is_untouched(plugins_loaded, monkeypatch):
+    """The plugin changes nothing for NGRAM: CPU is still allowed there."""
+    _, get = resolve(["--speculative-algorithm", "NGRAM", "--device", "cpu"], monkeypatch)
+    assert get("speculative_algorithm") == "NGRAM"
+    assert get("speculative_num_draft_tokens") == 12

@@ -1,0 +1,292 @@
+"""The worker's draft preparation, fed SGLang's own `Req` objects, against NGRAM's layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from lookahead.sglang.config import ServingConfig
+
+
+def make_worker(width=8, overlap=False, breadth=4, **extra):
+    from lookahead.sglang.worker import LookaheadWorker
+
+    args = SimpleNamespace(
+        speculative_num_draft_tokens=width,
+        speculative_ngram_max_trie_depth=8,
+        speculative_ngram_capacity=100_000,
+        speculative_ngram_max_bfs_breadth=breadth,
+    )
+    config = ServingConfig.from_args(args, json.dumps(extra) if extra else None)
+    worker = LookaheadWorker.__new__(LookaheadWorker)  # no target model: drafting state only
+    worker._init_lookahead(config, device=torch.device("cpu"), enable_overlap=overlap)
+    return worker
+
+
+def make_req(rid, prompt, outputs=(), extra_key=None):
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    req = Req(rid, "", array("q", prompt), SamplingParams(max_new_tokens=64), extra_key=extra_key)
+    req.output_ids.extend(outputs)
+    return req
+
+
+def make_batch(reqs, spec_info=None):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    # seq_lens: tokens whose KV exists; the context's last token (the root) is not one.
+    lens = [len(r.origin_input_ids_unpadded) + len(r.output_ids) - 1 for r in reqs]
+    return SimpleNamespace(
+        reqs=reqs,
+        seq_lens=torch.tensor(lens, dtype=torch.int64),
+        seq_lens_cpu=torch.tensor(lens, dtype=torch.int64),
+        seq_lens_sum=sum(lens),
+        spec_info=spec_info,
+        has_grammar=False,
+        grammar_needs_sync=lambda: False,
+        forward_mode=ForwardMode.DECODE,
+    )
+
+
+def ngram_tree_mask(parents):
+    """NGRAM's ancestor mask from its node parents, as SGLang's C++ `fillResult` builds it
+    (kernels/jit/csrc/ngram_corpus/result.cpp): a node's row is its parent's row plus itself."""
+    n = len(parents)
+    mask = np.zeros((n, n), dtype=bool)
+    mask[0, 0] = True
+    for i in range(n):
+        p = int(parents[i])
+        if p != -1:
+            mask[i, : p + 1] = mask[p, : p + 1]
+        mask[i, i] = True
+    return mask
+
+
+def ngram_full_mask(masks, seq_lens):
+    """NGRAM's full mask, as `NGRAMWorker._prepare_for_speculative_decoding` builds it."""
+    rows = []
+    for mask, seq_len in zip(masks, seq_lens):
+        n = mask.shape[0]
+        ones = torch.ones((n, int(seq_len)))
+        rows.append(
+            torch.cat((ones, torch.from_numpy(mask).float()), dim=1).to(torch.bool).flatten()
+        )
+    return torch.cat(rows)
+
+
+# Repeats "5 6 7" with different continuations, so the tree branches.
+BRANCHY = [5, 6, 7, 8, 1, 5, 6, 7, 3, 2, 5, 6, 7, 8, 4, 9, 5, 6]
+
+
+def branchy_batch():
+    return make_batch(
+        [
+            make_req("a", BRANCHY, [7]),
+            make_req("b", [11, 12, 13, 11, 12, 14, 11, 12, 13, 15, 11], [12]),
+            make_req("c", [40, 41, 42], [43]),  # nothing to match: root + NGRAM padding
+        ]
+    )
+
+
+def test_verify_input_matches_ngrams_for_the_same_trees(plugins_loaded):
+    from sglang.srt.speculative.ngram_worker import _derive_tree_links
+
+    worker = make_worker(width=8)
+    batch = branchy_batch()
+    tokens, parents, vt = worker._build_verify_tensors(batch)
+    bs, n = tokens.shape
+    assert (bs, n) == (3, 8)
+
+    # Node 0 is each request's last verified token; drafts are the cache's.
+    assert tokens[:, 0].tolist() == [7, 12, 43]
+    counts = np.bincount(parents[0][1:], minlength=n)
+    assert counts.max() >= 2, "the first tree must branch for this test to mean anything"
+    assert tokens[0, 1:3].tolist() == [8, 3]  # "5 6 7" -> 8 (twice), 3 (once), best first
+    assert (tokens[2, 1:] == 0).all() and (parents[2, 1:] == 0).all()  # NGRAM's padding
+
+    masks = np.stack([ngram_tree_mask(parents[b]) for b in range(bs)])
+    next_token, next_sibling = _derive_tree_links(masks.reshape(-1), bs, n)
+    seq_lens = batch.seq_lens
+    assert vt.draft_tokens.dtype == torch.int64 and vt.draft_tokens.shape == (bs * n,)
+    assert vt.draft_tokens.tolist() == tokens.reshape(-1).tolist()
+    # NGRAM's reconstruct_indices_from_tree_mask contract (reconstruct_tree.py docstring).
+    expect_pos = (torch.from_numpy(masks.sum(-1) - 1) + seq_lens[:, None]).reshape(-1)
+    assert vt.positions.dtype == torch.int64 and torch.equal(vt.positions, expect_pos)
+    assert torch.equal(vt.retrieve_index, torch.arange(bs * n).view(bs, n))
+    assert torch.equal(vt.retrieve_next_token, next_token)
+    assert torch.equal(vt.retrieve_next_sibling, next_sibling)
+    for t in (vt.retrieve_index, vt.retrieve_next_token, vt.retrieve_next_sibling):
+        assert t.dtype == torch.int64 and t.shape == (bs, n)
+    # NGRAM's choice between its full mask and the N x N tree mask, on this machine.
+    from sglang.srt.speculative.ngram_worker import USE_FULL_MASK, _is_cpu
+
+    if USE_FULL_MASK and not _is_cpu:
+        expect_mask = ngram_full_mask(list(masks), seq_lens.tolist())
+    else:
+        expect_mask = torch.from_numpy(masks).reshape(-1)
+    assert torch.equal(vt.custom_mask, expect_mask)
+
+
+@pytest.mark.parametrize("full_mask", [True, False])
+def test_both_mask_layouts_match_ngrams(plugins_loaded, full_mask):
+    from lookahead.sglang.verify import build_verify_tensors
+
+    worker = make_worker(width=8)
+    batch = branchy_batch()
+    tokens, parents = worker._prepare_draft_tokens(batch)
+    vt = build_verify_tensors(
+        tokens, parents, batch.seq_lens, batch.seq_lens_sum, full_mask=full_mask
+    )
+    masks = [ngram_tree_mask(p) for p in parents]
+    if full_mask:
+        expect = ngram_full_mask(masks, batch.seq_lens.tolist())
+    else:
+        expect = torch.from_numpy(np.stack(masks)).reshape(-1)
+    assert vt.custom_mask.dtype == torch.bool and torch.equal(vt.custom_mask, expect)
+
+
+_NGRAM_KERNEL = r"""
+import json, os, sys
+sys.path.insert(0, os.environ["CONFTEST_DIR"])
+import conftest  # the sgl_kernel stand-in
+import torch
+from sglang.kernels.ops.speculative.reconstruct_tree import (
+    reconstruct_indices_from_tree_mask_triton,
+)
+inp = json.loads(sys.stdin.read())
+bs, n = inp["bs"], inp["n"]
+mask = torch.tensor(inp["mask"], dtype=torch.bool)
+seq = torch.tensor(inp["seq_lens"], dtype=torch.int64)
+pos = torch.empty(bs * n, dtype=torch.int64)
+ri, nt, ns = (torch.empty((bs, n), dtype=torch.int64) for _ in range(3))
+reconstruct_indices_from_tree_mask_triton(mask, seq, pos, ri, nt, ns, bs, n)
+print(json.dumps([pos.tolist(), ri.tolist(), nt.tolist(), ns.tolist()]))
+"""
+
+
+def test_metadata_matches_sglangs_own_ngram_kernel(plugins_loaded):
+    """SGLang's NGRAM metadata kernel itself (its Triton kernel, run by Triton's CPU
+    interpreter in a subprocess, since the interpreter is chosen at import) on our trees."""
+    worker = make_worker(width=8)
+    batch = branchy_batch()
+    tokens, parents, vt = worker._build_verify_tensors(batch)
+    bs, n = tokens.shape
+    masks = np.stack([ngram_tree_mask(p) for p in parents])
+    payload = {
+        "bs": bs,
+        "n": n,
+        "mask": masks.reshape(-1).tolist(),
+        "seq_lens": batch.seq_lens.tolist(),
+    }
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CONFTEST_DIR": str(Path(__file__).parent)}
+    out = subprocess.run(
+        [sys.executable, "-c", _NGRAM_KERNEL],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    pos, ri, nt, ns = json.loads(out.stdout.strip().splitlines()[-1])
+    assert vt.positions.tolist() == pos
+    assert vt.retrieve_index.tolist() == ri
+    assert vt.retrieve_next_token.tolist() == nt
+    assert vt.retrieve_next_sibling.tolist() == ns
+
+
+def test_drafts_from_the_whole_prompt_which_ngram_cannot(plugins_loaded):
+    """The phrase 50..55 lies far before the prompt's tail. NGRAM's corpus gets only the last
+    `--speculative-ngram-max-trie-depth` (18) tokens per step, so on the first decode step it
+    has never seen the phrase; LOOKAHEAD indexed the whole prompt."""
+    phrase = [50, 51, 52, 53, 54, 55]
+    prompt = list(range(100, 140)) + phrase + list(range(200, 240)) + [50, 51]
+    context = prompt + [52]
+    assert 53 not in context[-18:]
+    worker = make_worker(width=8, breadth=1)  # single branch: the chain itself
+    tokens, parents, _ = worker._build_verify_tensors(make_batch([make_req("r", prompt, [52])]))
+    assert tokens[0, 0] == 52
+    assert tokens[0, 1:].tolist() == [53, 54, 55, 200, 201, 202, 203]
+    assert parents[0].tolist() == [-1, 0, 1, 2, 3, 4, 5, 6]
+
+
+def test_outputs_stream_and_departed_requests_finish(plugins_loaded):
+    worker = make_worker(width=6)
+    cache = worker.drafter.cache
+    prompt = [1, 2, 3, 4, 9, 1, 2]
+    req = make_req("s", prompt, [3])
+    tokens, _ = worker._prepare_draft_tokens(make_batch([req]))
+    assert tokens[0, :2].tolist() == [3, 4]
+    assert cache.stats()["live_requests"] == 1
+    req.output_ids.extend([4, 9])  # verified since the last step: root moves to 9
+    tokens, _ = worker._prepare_draft_tokens(make_batch([req]))
+    assert tokens[0, :3].tolist() == [9, 1, 2]
+    assert worker.drafter._ctx_len["s"] == len(prompt) + 3
+    # NGRAMWorker's verify path reports departed rids through ngram_corpus.erase_match_state.
+    worker.ngram_corpus.erase_match_state(["s", "never-seen"])
+    assert cache.stats()["live_requests"] == 0 and worker.drafter.live_requests == frozenset()
+
+
+def test_overlap_mode_splices_pending_tokens_once(plugins_loaded):
+    """Under the overlap scheduler the last step's accepted tokens are not yet in
+    `output_ids`; they come from `spec_info.accept_tokens` / `accept_lens`, as NGRAM reads them."""
+    width = 6
+    worker = make_worker(width=width, overlap=True)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    req = make_req("o", prompt, [3])
+
+    def relay(pending):
+        buf = torch.zeros(width, dtype=torch.int64)
+        buf[: len(pending)] = torch.tensor(pending)
+        return SimpleNamespace(accept_tokens=buf, accept_lens=torch.tensor([len(pending)]))
+
+    tokens, _ = worker._prepare_draft_tokens(make_batch([req], relay([4, 5])))
+    assert tokens[0, :3].tolist() == [5, 6, 7]
+    req.output_ids.extend([4, 5])  # the scheduler appends them one step late
+    tokens, _ = worker._prepare_draft_tokens(make_batch([req], relay([6])))
+    assert tokens[0, :3].tolist() == [6, 7, 1]
+    assert worker.drafter._ctx_len["o"] == len(prompt) + 4  # nothing counted twice
+    assert worker.prev_accept_lens == [1]
+
+
+def test_namespaces_isolate_tenants(plugins_loaded):
+    worker = make_worker(width=6, breadth=1, namespace="extra_key")
+    writer = make_req("w", [1, 2], [3], extra_key="t1")
+    worker._prepare_draft_tokens(make_batch([writer]))
+    writer.output_ids.extend([70, 71, 72, 73])
+    worker._prepare_draft_tokens(make_batch([writer]))
+    same = make_req("x", [9, 9], [70], extra_key="t1")
+    other = make_req("y", [9, 9], [70], extra_key="t2")
+    tokens, _ = worker._prepare_draft_tokens(make_batch([same, other]))
+    assert tokens[0, 1:3].tolist() == [71, 72]  # t1 drafts from t1's outputs
+    assert (tokens[1, 1:] == 0).all()  # t2 never sees them
+    assert worker.drafter.namespace_of(same) != worker.drafter.namespace_of(other)
+
+
+def test_budget_below_width_pads_like_ngram(plugins_loaded):
+    worker = make_worker(width=8, breadth=1, budget=3)
+    tokens, parents, vt = worker._build_verify_tensors(
+        make_batch([make_req("r", [5, 6, 7, 8, 9, 10, 5], [6])])
+    )
+    assert tokens[0].tolist() == [6, 7, 8, 9, 0, 0, 0, 0]
+    assert parents[0].tolist() == [-1, 0, 1, 2, 0, 0, 0, 0]
+    assert vt.draft_tokens.shape == (8,)
+
+
+def test_prefill_batches_are_left_alone(plugins_loaded):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    worker = make_worker()
+    batch = make_batch([make_req("p", [1, 2, 3], [4])])
+    batch.forward_mode = ForwardMode.EXTEND
+    worker._prepare_for_speculative_decoding(batch)
+    assert batch.spec_info is None and worker.drafter.live_requests == frozenset()
