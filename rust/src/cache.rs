@@ -550,9 +550,13 @@ impl Cache {
     fn draft_req(&self, req: &Request, budget: usize, multi_branch: bool) -> Result<DraftTree> {
         // Busy: a draft may hold the prompt trie of a request finished meanwhile.
         let _busy = Busy::new(&self.shared);
-        let tail = lock(&req.state).tail.clone();
+        let (tail, cursors, epoch) = {
+            let st = lock(&req.state);
+            (st.tail.clone(), st.cursors.clone(), st.epoch)
+        };
         let prompt = req.prompt.wait()?;
         let h = read(&req.ns.history);
+        let fresh = epoch == h.epoch;
         let cfg = &self.shared.cfg;
         let src = Sources {
             prompt: Some(&prompt.trie),
@@ -560,6 +564,7 @@ impl Cache {
             prompt_weight: cfg.prompt_weight,
             output_weight: cfg.output_weight,
             max_depth: cfg.max_depth,
+            history_suffixes: if fresh { &cursors } else { &[] },
         };
         let tree = src.draft(&tail, budget, multi_branch);
         drop(h);

@@ -32,6 +32,9 @@ pub struct Sources<'a> {
     pub prompt_weight: f64,
     pub output_weight: f64,
     pub max_depth: usize,
+    /// History nodes of the context's suffixes (`[k-1]`: the k-token suffix), as `extend`
+    /// keeps them; empty if unknown. Saves walking the history for the first match.
+    pub history_suffixes: &'a [u32],
 }
 
 /// A draft tree: node 0 is the root (last context token), `parents[0] == -1`.
@@ -117,6 +120,10 @@ impl Sources<'_> {
                             break;
                         }
                     }
+                }
+                // No hint: the first match, on the context itself.
+                if n == NONE && x == 1 && hint.is_none() {
+                    n = self.history_suffixes.get(k - 1).copied().unwrap_or(NONE);
                 }
                 if n == NONE {
                     n = t.walk(s);
@@ -508,6 +515,7 @@ mod tests {
             prompt_weight: 1.0,
             output_weight: 1.0,
             max_depth: depth,
+            history_suffixes: &[],
         }
     }
 
@@ -579,6 +587,7 @@ mod tests {
                 prompt_weight: wp,
                 output_weight: wo,
                 max_depth: 4,
+                history_suffixes: &[],
             };
             let mut scratch = Scratch::default();
             for ctx_len in [1usize, 2, 3] {

@@ -596,7 +596,10 @@ impl Trie {
         for i in 1..slots {
             let n = self.arena.get(i);
             if !n.is_free() && n.linked_by != linked_by[i as usize] {
-                return bad(format!("node {i} is linked by {} nodes, claims {}", linked_by[i as usize], n.linked_by));
+                return bad(format!(
+                    "node {i} is linked by {} nodes, claims {}",
+                    linked_by[i as usize], n.linked_by
+                ));
             }
         }
         if used_sides + self.free_sides.len() != self.sides.len() {

@@ -269,7 +269,10 @@ impl PyCache {
         multi_branch: bool,
         iters: usize,
     ) -> PyResult<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u64>>, f64)> {
-        let ids = rids.iter().map(|r| rid_of(py, r)).collect::<PyResult<Vec<_>>>()?;
+        let ids = rids
+            .iter()
+            .map(|r| rid_of(py, r))
+            .collect::<PyResult<Vec<_>>>()?;
         if ids.is_empty() {
             return Err(to_pyerr(py, Error::InvalidInput("rids is empty".into())));
         }
@@ -280,19 +283,28 @@ impl PyCache {
             for i in 0..iters {
                 let c0 = thread_cpu_ns();
                 let t0 = Instant::now();
-                let d = self.inner.draft(&ids[i % ids.len()], budget, multi_branch)?;
+                let d = self
+                    .inner
+                    .draft(&ids[i % ids.len()], budget, multi_branch)?;
                 wall.push(t0.elapsed().as_nanos() as u64);
                 cpu.push(thread_cpu_ns().saturating_sub(c0));
                 nodes += d.num_nodes() - 1;
             }
             Ok((wall, cpu, nodes as f64 / iters.max(1) as f64))
         })?;
-        Ok((PyArray1::from_vec(py, wall), PyArray1::from_vec(py, cpu), nodes))
+        Ok((
+            PyArray1::from_vec(py, wall),
+            PyArray1::from_vec(py, cpu),
+            nodes,
+        ))
     }
 }
 
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes one timespec through a valid pointer.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     if rc != 0 {

@@ -1,0 +1,290 @@
+"""`python -m lookahead.bench trie`: host cost of the trie (indexing, drafting, memory).
+
+Measures, on this machine:
+- prompt indexing of 1k / 8k / 32k-token prompts at depth 12: ns per token, in the core
+  (`_core._time_index`: the sorted build of one prompt trie) and through the API
+  (`start_request` with `background_indexing=False`: validation, copy, budget, build);
+- drafts at budgets 8 / 16 / 32 (best-first trees, and one branch at 16) on a shared history
+  of about 1M nodes: µs mean / p50 / p99, timed inside Rust (`Cache._time_drafts`, no Python
+  in the loop) and through `LookaheadCache.draft` (what a Python caller pays);
+- the same budget-16 drafts while another thread indexes 32k-token prompts without pause;
+- for core timings also thread-CPU time per call (the cost without preemption: on a shared,
+  oversubscribed machine wall-clock tails mostly measure the scheduler);
+- bytes per stored node and per indexed prompt token.
+
+Data: the Spec-Bench questions (`--data`, default /work/shared/data/spec_bench/question.jsonl,
+else the packaged sample) tokenized crudely (words and punctuation, ids by first appearance),
+or `--data zipf`: a Zipf(1.1) stream over 32k ids with repeated phrases. Drafting requests
+take 1k-token slices of the same text as prompts, so their contexts occur in the history
+(a copy-heavy load: drafts fill the budget, the slow case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lookahead import LookaheadCache, _core
+
+DEFAULT_DATA = Path("/work/shared/data/spec_bench/question.jsonl")
+PACKAGED_DATA = Path(__file__).resolve().parent.parent / "data" / "spec_bench_sample.jsonl"
+
+
+def spec_bench_texts(path: Path) -> list[np.ndarray]:
+    """Every turn of every question as crude word/punctuation token ids."""
+    vocab: dict[str, int] = {}
+    texts = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            for turn in json.loads(line).get("turns", []):
+                words = re.findall(r"\w+|[^\w\s]", turn)
+                texts.append(
+                    np.array([vocab.setdefault(w, len(vocab)) for w in words], dtype=np.uint32)
+                )
+    return [t for t in texts if t.size]
+
+
+def zipf_texts(n_tokens: int, seed: int = 0, vocab: int = 32_000) -> list[np.ndarray]:
+    """Zipf(1.1) token ids with repeated phrases (a quarter of each text copies earlier text)."""
+    rng = np.random.default_rng(seed)
+    texts, made = [], 0
+    while made < n_tokens:
+        t = (rng.zipf(1.1, size=600) % vocab).astype(np.uint32)
+        for _ in range(5):
+            a, n = rng.integers(0, 500), rng.integers(10, 40)
+            b = rng.integers(0, 600 - n)
+            t[b : b + n] = t[a : a + n]
+        texts.append(t)
+        made += t.size
+    return texts
+
+
+def stats_us(ns: np.ndarray) -> dict[str, float]:
+    us = np.asarray(ns, dtype=np.float64) / 1e3
+    return {
+        "mean": float(us.mean()),
+        "p50": float(np.percentile(us, 50)),
+        "p90": float(np.percentile(us, 90)),
+        "p99": float(np.percentile(us, 99)),
+    }
+
+
+def cpu_stats(ns: np.ndarray) -> dict[str, float]:
+    """Thread-CPU time per call: the cost without the time a busy machine preempted us."""
+    return {f"cpu_{k}": v for k, v in stats_us(ns).items()}
+
+
+def bench_insert(stream: np.ndarray, depth: int, sizes: list[int], reps: int) -> list[dict]:
+    rows = []
+    for n in sizes:
+        prompt = np.ascontiguousarray(np.resize(stream, n), dtype=np.uint32)
+        wall, cpu, nodes, nbytes = [], [], 0, 0
+        for _ in range(reps):
+            c0 = time.thread_time_ns()
+            ns, nodes, nbytes = _core._time_index(prompt, depth)
+            cpu.append(time.thread_time_ns() - c0)
+            wall.append(ns)
+        cache = LookaheadCache(max_depth=depth, capacity_nodes=8_000_000, background_indexing=False)
+        api = []
+        for r in range(reps):
+            t0 = time.perf_counter_ns()
+            cache.start_request(r, prompt)
+            api.append(time.perf_counter_ns() - t0)
+            cache.finish_request(r)
+        med = float(np.median(wall))
+        rows += [
+            {"what": "index_prompt", "path": "core", "size": n, "unit": "ms", "p50": med / 1e6,
+             "min": min(wall) / 1e6, "cpu_p50": float(np.median(cpu)) / 1e6, "ns_per_token": med / n,
+             "nodes": nodes, "bytes_per_node": nbytes / nodes, "bytes_per_token": nbytes / n},
+            {"what": "index_prompt", "path": "api", "size": n, "unit": "ms",
+             "p50": float(np.median(api)) / 1e6, "min": min(api) / 1e6,
+             "ns_per_token": float(np.median(api)) / n},
+        ]  # fmt: skip
+    return rows
+
+
+def build_history(
+    texts: list[np.ndarray], depth: int, target_nodes: int
+) -> tuple[LookaheadCache, dict]:
+    cache = LookaheadCache(max_depth=depth, capacity_nodes=max(4_000_000, 2 * target_nodes))
+    shift, tokens, t0 = 0, 0, time.perf_counter_ns()
+    while cache.stats()["history_nodes"] < target_nodes:
+        # Later passes shift ids so they add new n-grams instead of recounting old ones.
+        for t in texts:
+            cache.add_history([t + np.uint32(shift)])
+            tokens += t.size
+            if cache.stats()["history_nodes"] >= target_nodes:
+                break
+        shift += 1_000_000
+    el = time.perf_counter_ns() - t0
+    s = cache.stats()
+    return cache, {"what": "add_history", "path": "api", "size": s["history_nodes"], "unit": "ns/token",
+                   "p50": el / tokens, "tokens": tokens, "bytes_per_node": s["bytes"] / s["history_nodes"]}  # fmt: skip
+
+
+def start_drafting_requests(cache, stream, n_req, prompt_len, seed=0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    rids = []
+    for i in range(n_req):
+        off = int(rng.integers(0, stream.size - prompt_len - 64))
+        rid = 1_000_000 + i
+        cache.start_request(rid, stream[off : off + prompt_len])
+        cache.extend(rid, stream[off + prompt_len : off + prompt_len + 16])
+        rids.append(rid)
+    return rids
+
+
+def bench_draft(cache, rids, budgets, iters) -> list[dict]:
+    rows = []
+    for budget, multi in [(b, True) for b in budgets] + [(16, False)]:
+        wall, cpu, size = cache._c._time_drafts(rids, budget, multi, iters)
+        rows.append({"what": "draft", "path": "core", "size": budget, "multi_branch": multi,
+                     "unit": "us", **stats_us(wall), **cpu_stats(cpu), "mean_nodes": size})  # fmt: skip
+        py = np.empty(min(iters, 20_000), dtype=np.int64)
+        for i in range(py.size):
+            rid = rids[i % len(rids)]
+            t0 = time.perf_counter_ns()
+            cache.draft(rid, budget=budget, multi_branch=multi)
+            py[i] = time.perf_counter_ns() - t0
+        rows.append({"what": "draft", "path": "api", "size": budget, "multi_branch": multi,
+                     "unit": "us", **stats_us(py)})  # fmt: skip
+    return rows
+
+
+def bench_concurrent(cache, rids, stream, iters, prompt_len=32_000) -> dict:
+    stop = threading.Event()
+    indexed = [0]
+    prompt = np.ascontiguousarray(np.resize(stream[::-1], prompt_len), dtype=np.uint32)
+
+    def indexer():
+        i = 0
+        while not stop.is_set():
+            rid = f"bg-{i}"
+            cache.start_request(rid, prompt)
+            cache.draft(rid, budget=1)  # waits until its prompt is indexed
+            cache.finish_request(rid)
+            indexed[0] += 1
+            i += 1
+
+    th = threading.Thread(target=indexer, daemon=True)
+    th.start()
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    wall, cpu, size = cache._c._time_drafts(rids, 16, True, iters)
+    el = time.perf_counter() - t0
+    stop.set()
+    th.join()
+    return {"what": "draft_while_indexing", "path": "core", "size": 16, "multi_branch": True,
+            "unit": "us", **stats_us(wall), **cpu_stats(cpu), "mean_nodes": size,
+            "prompts_indexed_per_s": indexed[0] / el}  # fmt: skip
+
+
+def machine() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "numpy": np.__version__}  # fmt: skip
+    try:
+        info["loadavg"] = os.getloadavg()
+    except OSError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(
+                ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")
+            )
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def print_rows(rows: list[dict]) -> None:
+    for r in rows:
+        if r["what"] == "index_prompt":
+            extra = (f"  cpu {r['cpu_p50']:.2f} ms  {r['nodes']} nodes  {r['bytes_per_node']:.1f} B/node"
+                     f"  {r['bytes_per_token']:.0f} B/token") if r["path"] == "core" else ""  # fmt: skip
+            print(f"index {r['size']:>6} tokens [{r['path']:4}]  {r['p50']:8.2f} ms p50  "
+                  f"{r['ns_per_token']:7.0f} ns/token{extra}")  # fmt: skip
+        elif r["what"] == "add_history":
+            print(f"history {r['size']} nodes from {r['tokens']} tokens: {r['p50']:.0f} ns/token, "
+                  f"{r['bytes_per_node']:.1f} B/node")  # fmt: skip
+        elif r["what"].startswith("draft"):
+            kind = "tree" if r["multi_branch"] else "chain"
+            tail = f"  ({r['mean_nodes']:.1f} nodes)" if "mean_nodes" in r else ""
+            if "cpu_mean" in r:
+                tail += (
+                    f"  cpu: mean {r['cpu_mean']:.2f} p50 {r['cpu_p50']:.2f} p99 {r['cpu_p99']:.2f}"
+                )
+            if "prompts_indexed_per_s" in r:
+                tail += f"  [{r['prompts_indexed_per_s']:.1f} x 32k prompts/s indexed meanwhile]"
+            print(f"{r['what']:<21} budget {r['size']:>2} {kind:5} [{r['path']:4}]  mean {r['mean']:7.2f}  "
+                  f"p50 {r['p50']:7.2f}  p99 {r['p99']:8.2f} us{tail}")  # fmt: skip
+        else:
+            print(r)
+
+
+def peer_rows(texts, stream, args) -> list[dict]:
+    """Hook for peers' trie costs: `lookahead.bench.peers.trie_rows(texts, stream, args)`
+    returns rows in this module's format."""
+    from lookahead.bench import peers
+
+    fn = getattr(peers, "trie_rows", None)
+    if fn is None:
+        raise SystemExit("--peers: lookahead.bench.peers has no trie_rows(texts, stream, args) yet")
+    return list(fn(texts, stream, args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the trie benchmark; print a table, optionally write rows to --json."""
+    ap = argparse.ArgumentParser(prog="lookahead bench trie", description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=None, help="Spec-Bench question.jsonl, or 'zipf'")
+    ap.add_argument("--depth", type=int, default=12)
+    ap.add_argument("--history-nodes", type=int, default=1_000_000)
+    ap.add_argument("--iters", type=int, default=50_000, help="drafts per configuration")
+    ap.add_argument("--reps", type=int, default=7, help="repetitions per prompt size")
+    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    ap.add_argument("--peers", action="store_true", help="also measure peer tries (hook)")
+    ap.add_argument("--json", metavar="FILE", help="write all rows and the machine here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.history_nodes, args.iters, args.reps = 50_000, 2_000, 2
+    if args.data == "zipf":
+        texts, source = zipf_texts(400_000), "zipf(1.1) synthetic, 32k ids, repeated phrases"
+    else:
+        path = (
+            Path(args.data)
+            if args.data
+            else DEFAULT_DATA
+            if DEFAULT_DATA.exists()
+            else PACKAGED_DATA
+        )
+        texts, source = spec_bench_texts(path), f"Spec-Bench questions, crude word tokens ({path})"
+    stream = np.concatenate(texts)
+    print(f"data: {source}: {len(texts)} texts, {stream.size} tokens")
+    sizes = [1_000, 8_000] if args.quick else [1_000, 8_000, 32_000]
+    rows = bench_insert(stream, args.depth, sizes, args.reps)
+    cache, hist = build_history(texts, args.depth, args.history_nodes)
+    rows.append(hist)
+    rids = start_drafting_requests(cache, stream, 64, 1_000)
+    rows += bench_draft(cache, rids, [8, 16, 32], args.iters)
+    rows.append(bench_concurrent(cache, rids, stream, args.iters, 8_000 if args.quick else 32_000))
+    if args.peers:
+        rows += peer_rows(texts, stream, args)
+    print_rows(rows)
+    if args.json:
+        out = {"bench": "trie", "data": source, "depth": args.depth, "machine": machine(),
+               "lookahead": _core.__name__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}  # fmt: skip
+        Path(args.json).write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
