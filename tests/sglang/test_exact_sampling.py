@@ -1,0 +1,145 @@
+"""Exact sampling verification for LOOKAHEAD batches, in SGLang's accept layout."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lookahead.kernels import verify_sampling_ref
+
+
+def random_trees(bs, width, gen):
+    parents = torch.full((bs, width), -1, dtype=torch.int32)
+    for b in range(bs):
+        for i in range(1, width):
+            parents[b, i] = int(torch.randint(0, i, (1,), generator=gen))
+    tokens = torch.randint(0, 6, (bs, width), generator=gen, dtype=torch.int32)
+    return tokens, parents
+
+
+def emitted(res, tokens, b):
+    n = int(res.num_accepted[b])
+    path = res.accepted_nodes[b, 1 : n + 1].long()
+    return tokens[b, path].tolist() + [int(res.bonus[b])]
+
+
+@pytest.mark.parametrize("bs, width", [(1, 2), (3, 5), (4, 8)])
+def test_accept_layout_is_sglangs(bs, width):
+    from lookahead.sglang.verify import to_sglang_accept_layout
+
+    gen = torch.Generator().manual_seed(bs * 100 + width)
+    tokens, parents = random_trees(bs, width, gen)
+    # Peaked target distributions so that paths of several tokens get accepted.
+    logits = torch.randn(bs, width, 6, generator=gen) * 4
+    probs = torch.softmax(logits, -1)
+    uniforms = torch.rand(bs, width, generator=gen)
+    nodes = torch.full((bs,), width, dtype=torch.int32)
+    res = verify_sampling_ref(tokens, parents, nodes, probs, uniforms)
+    predict, accept_lens, accept_index = to_sglang_accept_layout(
+        res.accepted_nodes, res.num_accepted, res.bonus, tokens, width
+    )
+    assert predict.dtype == torch.int32 and predict.shape == (bs * width,)
+    assert accept_lens.dtype == torch.int32 and accept_index.dtype == torch.int32
+    assert accept_index.shape == (bs, width)
+    for b in range(bs):
+        n = int(accept_lens[b])
+        assert n == int(res.num_accepted[b]) + 1
+        assert int(accept_index[b, 0]) == b * width  # the root first
+        idx = accept_index[b, :n].long()
+        assert (idx // width == b).all()
+        assert predict[idx].tolist() == emitted(res, tokens, b)
+        assert (accept_index[b, n:] == -1).all()
+
+
+def test_exact_sample_runs_sglangs_logit_path_then_our_verifier(plugins_loaded, monkeypatch):
+    """`exact_tree_sample` on CPU tensors: SGLang's softmax and coins, our verifier.
+
+    The distributed runtime (TP groups, DP-attention flags) does not exist in a CPU test
+    process, so those two look-ups are replaced by a single-rank answer."""
+    import sglang.srt.layers.dp_attention as dp_attention
+    import sglang.srt.runtime_context as runtime_context
+    from lookahead.sglang.verify import LookaheadVerifyInput, exact_tree_sample
+
+    one_rank = SimpleNamespace(world_size=1)
+    monkeypatch.setattr(dp_attention, "is_dp_attention_enabled", lambda: False)
+    monkeypatch.setattr(
+        runtime_context,
+        "get_parallel",
+        lambda: SimpleNamespace(tp_group=one_rank, attn_tp_group=one_rank),
+    )
+    bs, width, vocab = 3, 5, 7
+    gen = torch.Generator().manual_seed(7)
+    tokens, parents = random_trees(bs, width, gen)
+    logits = torch.randn(bs * width, vocab, generator=gen) * 3
+    temperatures = torch.tensor([[0.5], [1.0], [1.7]])
+    sampling_info = SimpleNamespace(
+        acc_additive_penalties=None,
+        acc_scaling_penalties=None,
+        logit_bias=None,
+        temperatures=temperatures,
+        need_top_k_sampling=False,
+        need_top_p_sampling=False,
+        sampling_seed=None,
+    )
+    batch = SimpleNamespace(sampling_info=sampling_info, seq_lens=torch.tensor([9, 4, 12]))
+    verify_input = LookaheadVerifyInput(
+        draft_token=tokens.reshape(-1).long(),
+        custom_mask=torch.ones(1, dtype=torch.bool),
+        draft_token_num=width,
+        tree_tokens=tokens,
+        tree_parents=parents,
+        exact_sampling=True,
+    )
+    torch.manual_seed(1234)
+    predict, accept_lens, accept_index = exact_tree_sample(
+        verify_input, batch, SimpleNamespace(next_token_logits=logits.clone())
+    )
+    # The same computation by hand: temperature softmax, SGLang's coin draw, our reference.
+    torch.manual_seed(1234)
+    coins = torch.rand_like(tokens, dtype=torch.float32)
+    probs = torch.softmax(logits / temperatures.repeat_interleave(width, 0), -1).view(
+        bs, width, vocab
+    )
+    res = verify_sampling_ref(
+        tokens, parents, torch.full((bs,), width, dtype=torch.int32), probs, coins
+    )
+    for b in range(bs):
+        n = int(accept_lens[b])
+        assert n == int(res.num_accepted[b]) + 1
+        assert predict[accept_index[b, :n].long()].tolist() == emitted(res, tokens, b)
+
+
+def test_only_lookahead_cuda_sampling_batches_take_our_path(plugins_loaded):
+    from lookahead.sglang import patches
+    from lookahead.sglang.verify import LookaheadVerifyInput
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "sglang"
+
+    mask = torch.ones(4, dtype=torch.bool)
+    ngram = NgramVerifyInput(custom_mask=mask, draft_token_num=2)
+    assert patches._exact_sampling(original, ngram, "batch", "logits", None) == "sglang"
+    # A LOOKAHEAD input on CPU tensors stays on SGLang's path (ours is for CUDA batches).
+    ours = LookaheadVerifyInput(
+        custom_mask=mask,
+        draft_token_num=2,
+        tree_tokens=torch.zeros((1, 2), dtype=torch.int32),
+        tree_parents=torch.tensor([[-1, 0]], dtype=torch.int32),
+        exact_sampling=True,
+    )
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        sampling_info=SimpleNamespace(is_all_greedy=False, has_watermark_candidates=False),
+    )
+    assert (
+        patches._exact_sampling(original, ours, batch, "logits", None, watermark_state=None)
+        == "sglang"
+    )
+    assert len(calls) == 2 and calls[1][1] == {"watermark_state": None}
