@@ -38,3 +38,7 @@ lint:  ## ruff, cargo fmt, clippy
 .PHONY: bench
 bench:  ## host-cost benchmark of the trie
 	$(PY) -m lookahead.bench trie
+
+.PHONY: bench-gpu
+bench-gpu:  ## time the Triton kernels on a CUDA GPU (table + benchmarks/out/gpu_kernels.json)
+	$(PY) benchmarks/gpu_kernels.py
