@@ -207,3 +207,12 @@ def test_hostcost_history_stream_and_vllm_rows():
         ("draft ctx 128", "vllm1-5"),
     ]
     assert all(r["p99"] >= r["p50"] > 0 for r in rows)
+
+
+def test_copy_oracle_first_seen_bigrams():
+    o = CopyOracle(max_budget=4)
+    o.lengths(np.array([1, 2]), np.array([3, 4]))  # history: bigrams 1-2 and 3-4
+    first = o.first_seen(np.array([9, 1]), np.array([2, 5, 6, 5, 6, 3, 4]))
+    # Index 0 is the prefill's token (never drafted); 2-5 first at index 1 (seen once pos > 1);
+    # 5-6 at 2; 6-5 at 3; 5-6 again at 4 (seen from pos 3 on); 6-3 at 5; 3-4 in history.
+    assert first.tolist() == [0, 2, 3, 4, 3, 6, 0]

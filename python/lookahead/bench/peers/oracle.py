@@ -7,9 +7,13 @@ earlier requests' prompts and outputs, this request's prompt, and its verified o
 `output[:pos]`. Any non-empty suffix's occurrence contains one of the last token alone, so the
 search is for `[context[-1]] + continuation[:L]` inside one seen document, ending before `pos`.
 
-A drafter whose every draft path is copied from seen text after a match of at least one token
-can never accept more at the same step; the simulator checks that and reports a violation as a
-bug (a future-token leak, say).
+A drafter whose every draft path is one contiguous copy of seen text after a match of at least
+one token can never accept more at the same step. A drafter that chains overlapping n-grams
+can: on periodic text (a model stuck in a loop) it keeps walking the period past what was ever
+seen contiguously. So exceeding the copy-oracle is counted, not an error. The hard check is the
+leak check: every accepted token, with the token before it, must form a bigram that occurs in
+the seen text (`first_seen`); any n-gram drafter passes it, a drafter that reads the future
+does not.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class CopyOracle:
         self.max_budget = max_budget
         self._seen = np.full(1 << 16, -1, dtype=np.int64)
         self._n = 0  # documents are separated by one -1 so no match spans two of them
+        self._bigrams: set[int] = set()
 
     def _append(self, tokens: np.ndarray) -> None:
         need = self._n + tokens.shape[0] + 1
@@ -35,6 +40,26 @@ class CopyOracle:
             self._seen = grown
         self._seen[self._n : self._n + tokens.shape[0]] = tokens
         self._n += tokens.shape[0] + 1
+
+    @staticmethod
+    def _bigram_keys(tokens: np.ndarray) -> list[int]:
+        t = tokens.astype(np.int64)
+        return ((t[:-1] << 32) | t[1:]).tolist()
+
+    def first_seen(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+        """`F[j]`: the smallest `pos` at which the bigram `(output[j-1], output[j])` is in the
+        seen text (0 if earlier requests or the prompt hold it). Accepting `output[j]` at a step
+        at `pos < F[j]` proposes a bigram never seen: a leak. Call before `lengths`."""
+        local = set(self._bigram_keys(prompt.astype(np.int64)))
+        keys = self._bigram_keys(output.astype(np.int64))
+        first = np.zeros(output.shape[0], dtype=np.int64)
+        first_idx: dict[int, int] = {}
+        for j, key in enumerate(keys, start=1):
+            if key in self._bigrams or key in local:
+                continue
+            k = first_idx.setdefault(key, j)
+            first[j] = k + 1  # seen once output[:pos] includes index k
+        return first
 
     def lengths(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
         """`L[pos]` for `pos` in `[0, len(output))`: the oracle's accepted tokens at `pos`
@@ -62,4 +87,6 @@ class CopyOracle:
             out[pos] = length
         self._append(prompt.astype(np.int64))
         self._append(output.astype(np.int64))
+        self._bigrams.update(self._bigram_keys(prompt.astype(np.int64)))
+        self._bigrams.update(self._bigram_keys(output.astype(np.int64)))
         return out
