@@ -108,9 +108,10 @@ impl Arena {
         self.free_len
     }
 
-    /// Bytes held by node storage (allocated segment capacity).
+    /// Bytes of the node slots handed out (live or free). A trie's last segment also has
+    /// reserved capacity, which costs address space but no memory until it is written.
     pub fn bytes(&self) -> usize {
-        self.segs.iter().map(|s| s.capacity()).sum::<usize>() * std::mem::size_of::<Node>()
+        self.slots as usize * std::mem::size_of::<Node>()
     }
 
     #[inline]

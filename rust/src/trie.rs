@@ -45,6 +45,8 @@ pub struct Trie {
     pub(crate) hand: u32,
     /// True once eviction decayed or freed anything: side-table rankings may be approximate.
     pub(crate) evicted: bool,
+    /// Whether `linked_by` is maintained (history tries, which evict); prompt tries skip it.
+    pub(crate) count_link_refs: bool,
 }
 
 impl Default for Trie {
@@ -70,6 +72,7 @@ impl Trie {
             epoch: 0,
             hand: 1,
             evicted: false,
+            count_link_refs: true,
         }
     }
 
@@ -208,10 +211,11 @@ impl Trie {
 
     /// Ranks every side table again (after counts were written directly).
     fn rank_all_sides(&mut self) {
-        for s in 0..self.sides.len() {
-            let owner = self.sides[s].owner;
-            if !self.free_sides.contains(&(s as u32)) {
-                self.rank_side(s as u32, owner);
+        for s in 0..self.sides.len() as u32 {
+            let owner = self.sides[s as usize].owner;
+            let n = self.arena.get(owner);
+            if !n.is_free() && n.side == s {
+                self.rank_side(s, owner);
             }
         }
     }
@@ -390,9 +394,12 @@ impl Trie {
         // stack[d]: (node, first sorted window through it, children so far) at depth d+1.
         let mut stack: Vec<(u32, usize, usize)> = Vec::with_capacity(depth);
         let mut root_children = 0usize;
+        // at[p * depth + d]: the node of text[p..=p+d], for the suffix links below.
+        let mut at = vec![NONE; n * depth];
         for i in 0..n {
             let w = win(order[i]);
             let l = usize::from(lcp[i]);
+            let p = order[i] as usize;
             while stack.len() > l {
                 let (node, start, _) = stack.pop().expect("non-empty");
                 t.arena.get_mut(node).count = (i - start).min(u32::MAX as usize) as u32;
@@ -411,9 +418,28 @@ impl Trie {
                 };
                 stack.push((c, i, 0));
             }
+            for (d, e) in stack.iter().enumerate() {
+                at[p * depth + d] = e.0;
+            }
         }
         while let Some((node, start, _)) = stack.pop() {
             t.arena.get_mut(node).count = (n - start).min(u32::MAX as usize) as u32;
+        }
+        // Suffix links: text[p..=p+d] links to text[p+1..=p+d]. A prompt trie is never
+        // evicted, so its link targets need no reference counts.
+        // Visit nodes in creation order (sorted windows), so the writes are sequential.
+        t.count_link_refs = false;
+        for i in 0..n {
+            let p = order[i] as usize;
+            let len = depth.min(n - p);
+            for d in usize::from(lcp[i])..len {
+                let target = if d == 0 {
+                    ROOT
+                } else {
+                    at[(p + 1) * depth + d - 1]
+                };
+                t.arena.get_mut(at[p * depth + d]).link = target;
+            }
         }
         debug_assert_eq!(t.allowance, 0);
         t.rank_all_sides();
@@ -595,7 +621,7 @@ impl Trie {
         }
         for i in 1..slots {
             let n = self.arena.get(i);
-            if !n.is_free() && n.linked_by != linked_by[i as usize] {
+            if self.count_link_refs && !n.is_free() && n.linked_by != linked_by[i as usize] {
                 return bad(format!(
                     "node {i} is linked by {} nodes, claims {}",
                     linked_by[i as usize], n.linked_by
