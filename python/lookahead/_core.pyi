@@ -1,10 +1,20 @@
 """Type stubs of the Rust extension `lookahead._core` (use `lookahead.LookaheadCache`)."""
 
 import os
-from typing import Any
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
+
+__all__ = [
+    "Cache",
+    "_error_kinds",
+    "_raise_error",
+    "_panic_for_test",
+    "_time_index",
+    "MAX_BUDGET",
+    "MAX_DEPTH",
+]
 
 MAX_BUDGET: int
 MAX_DEPTH: int
@@ -12,6 +22,7 @@ MAX_DEPTH: int
 _Rid = int | str
 _U32 = npt.NDArray[np.uint32]
 
+@final
 class Cache:
     def __new__(
         cls,
@@ -42,11 +53,13 @@ class Cache:
     def stats(self) -> dict[str, int]: ...
     def save(self, path: str | os.PathLike[str]) -> None: ...
     @staticmethod
-    def load(
-        path: str | os.PathLike[str], background_indexing: bool | None = None
-    ) -> Cache: ...
+    def load(path: str | os.PathLike[str], background_indexing: bool | None = None) -> Cache: ...
     def check_invariants(self) -> None: ...
+    def _time_drafts(
+        self, rids: list[_Rid], budget: int, multi_branch: bool, iters: int
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], float]: ...
 
 def _error_kinds() -> list[tuple[str, str]]: ...
 def _raise_error(kind: str, message: str) -> None: ...
 def _panic_for_test() -> None: ...
+def _time_index(tokens: _U32, max_depth: int) -> tuple[int, int, int]: ...

@@ -166,9 +166,9 @@ class LookaheadCache:
         ):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise InvalidInput(f"{name} must be a non-negative int, got {v!r}")
-        for name, v in (("prompt_weight", prompt_weight), ("output_weight", output_weight)):
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-                raise InvalidInput(f"{name} must be a number, got {v!r}")
+        for name, w in (("prompt_weight", prompt_weight), ("output_weight", output_weight)):
+            if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+                raise InvalidInput(f"{name} must be a number, got {w!r}")
         self._c = _core.Cache(
             int(max_depth),
             int(capacity_nodes),

@@ -189,7 +189,7 @@ def bench_concurrent(cache, rids, stream, iters, prompt_len=32_000) -> dict:
 
 
 def machine() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(),
+    info: dict[str, object] = {"platform": platform.platform(), "python": platform.python_version(),
             "cpus": os.cpu_count(), "numpy": np.__version__}  # fmt: skip
     try:
         info["loadavg"] = os.getloadavg()
