@@ -64,6 +64,7 @@ pub struct Scratch {
     raw: Vec<(u32, u32, u32, u32, u32)>,
     /// Fresh-match states already scored: (state, room asked, best-first list).
     memo: Vec<(State, usize, Vec<Cand>)>,
+    buf: Vec<u32>,
 }
 
 struct Item {
@@ -388,19 +389,21 @@ impl Sources<'_> {
                 return;
             }
         }
-        let mut path = Vec::new();
+        // The last `max_depth - 1` tokens of context + path to `i`, collected backwards.
+        let keep = self.max_depth.saturating_sub(1);
+        let mut buf = std::mem::take(&mut scratch.buf);
+        buf.clear();
         let mut j = i;
-        while j != 0 {
-            path.push(tree.tokens[j]);
+        while j != 0 && buf.len() < keep {
+            buf.push(tree.tokens[j]);
             j = tree.parents[j] as usize;
         }
-        path.reverse();
-        let keep = self.max_depth.saturating_sub(1);
-        let mut buf: Vec<u32> = Vec::with_capacity(keep);
-        let from_ctx = keep.saturating_sub(path.len()).min(ctx.len());
-        buf.extend_from_slice(&ctx[ctx.len() - from_ctx..]);
-        buf.extend_from_slice(&path[path.len().saturating_sub(keep)..]);
-        let Some(st) = self.match_hinted(&buf, st) else {
+        let from_ctx = (keep - buf.len()).min(ctx.len());
+        buf.extend(ctx[ctx.len() - from_ctx..].iter().rev());
+        buf.reverse();
+        let matched = self.match_hinted(&buf, st);
+        scratch.buf = buf;
+        let Some(st) = matched else {
             out.clear();
             return;
         };
