@@ -290,3 +290,10 @@ def test_prefill_batches_are_left_alone(plugins_loaded):
     batch.forward_mode = ForwardMode.EXTEND
     worker._prepare_for_speculative_decoding(batch)
     assert batch.spec_info is None and worker.drafter.live_requests == frozenset()
+
+
+def test_synchronous_indexing_for_multi_rank_drafts(plugins_loaded):
+    worker = make_worker(width=6, breadth=1, background_indexing=False)
+    assert worker.drafter.cache.config["background_indexing"] is False
+    tokens, _ = worker._prepare_draft_tokens(make_batch([make_req("m", [1, 2, 3, 1, 2], [3])]))
+    assert tokens[0, :2].tolist() == [3, 1]

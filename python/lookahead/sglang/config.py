@@ -49,6 +49,10 @@ EXTRA_KEYS: dict[str, Any] = {
     "exact_sampling": True,  # our exact tree sampling verification for non-greedy batches
     "index_threads": 0,  # background prompt-indexing threads (0: min(cores, 4))
     "draft_threads": 0,  # draft_batch threads (0: min(cores, 8))
+    # Index prompts on background threads. None: yes with one model rank, no with tensor or
+    # pipeline parallelism, where every rank drafts for itself and must draft the same tree:
+    # background indexing can reach the node budget, and so evict, at timing-dependent moments.
+    "background_indexing": None,
 }
 
 
@@ -125,6 +129,7 @@ class ServingConfig:
     exact_sampling: bool
     index_threads: int
     draft_threads: int
+    background_indexing: bool | None
 
     @classmethod
     def from_args(cls, args: Any, config_json: str | None) -> ServingConfig:
@@ -187,6 +192,11 @@ class ServingConfig:
             exact_sampling=_bool("exact_sampling", extra["exact_sampling"]),
             index_threads=_int("index_threads", extra["index_threads"], 0),
             draft_threads=_int("draft_threads", extra["draft_threads"], 0),
+            background_indexing=(
+                None
+                if extra["background_indexing"] is None
+                else _bool("background_indexing", extra["background_indexing"])
+            ),
         )
 
     def as_dict(self) -> dict[str, Any]:

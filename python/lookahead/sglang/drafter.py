@@ -76,7 +76,7 @@ class LookaheadDrafter:
             prompt_weight=c.prompt_weight,
             output_weight=c.output_weight,
             keep_prompt_as_history=c.keep_prompt_as_history,
-            background_indexing=True,
+            background_indexing=c.background_indexing is not False,
             index_threads=c.index_threads,
         )
 

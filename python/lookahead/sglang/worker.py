@@ -17,6 +17,7 @@ Per decode step (`_prepare_for_speculative_decoding`, on the host before the gra
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -67,6 +68,12 @@ class LookaheadWorker(NGRAMWorker):
         self.speculative_num_steps = spec.speculative_num_steps
         self.adaptive_controller = None
         config = ServingConfig.from_args(spec, read_env().config_json)
+        if config.background_indexing is None:
+            # Every model rank drafts for itself; with more than one, all must draft alike.
+            ranks = int(getattr(server_args, "tp_size", 1)) * int(
+                getattr(server_args, "pp_size", 1)
+            )
+            config = dataclasses.replace(config, background_indexing=ranks == 1)
         self._init_lookahead(
             config,
             device=get_device().device,
