@@ -79,13 +79,14 @@ def test_drafts_match_reference(depth, w, keep, background, ops):
 def test_batch_rows_equal_single_drafts():
     cache = LookaheadCache(max_depth=4, background_indexing=False)
     rng = np.random.default_rng(0)
-    for rid in range(9):
+    for rid in range(40):
         cache.start_request(rid, rng.integers(0, 5, size=40))
         cache.extend(rid, rng.integers(0, 5, size=7))
     for multi in (True, False):
-        bd = cache.draft_batch(list(range(9)), budget=5, multi_branch=multi, threads=3)
-        assert bd.tokens.shape == bd.parents.shape == bd.scores.shape == (9, 6)
-        for rid in range(9):
+        # 40 requests on 2 threads (the core splits batches of 32+).
+        bd = cache.draft_batch(list(range(40)), budget=5, multi_branch=multi, threads=2)
+        assert bd.tokens.shape == bd.parents.shape == bd.scores.shape == (40, 6)
+        for rid in range(40):
             d = cache.draft(rid, budget=5, multi_branch=multi)
             row = bd.row(rid)
             assert row.num_nodes == d.num_nodes

@@ -198,7 +198,7 @@ class LookaheadCache:
         self._c.extend(_check_rid(rid), as_token_array(new_token_ids, "new_token_ids"))
 
     def extend_ndarray(self, rid: RequestId, new_token_ids: np.ndarray) -> None:
-        """`extend` for a contiguous 1-D uint32 array, passed to Rust without a copy or checks."""
+        """`extend` for a 1-D uint32 array: skips the Python-side checks and conversion."""
         self._c.extend(rid, new_token_ids)
 
     def draft(self, rid: RequestId, budget: int = 16, multi_branch: bool = True) -> Draft:
@@ -217,7 +217,8 @@ class LookaheadCache:
     ) -> BatchDraft:
         """Drafts for many requests at once, padded to `[len(rids), budget + 1]`.
 
-        `threads` (default: min(cores, 8)) parallelizes batches of 8 or more requests.
+        `threads` (default: min(cores, 8)) splits batches of 32 or more requests over threads
+        (at least 16 requests per thread).
         """
         ids = [_check_rid(r) for r in rids]
         if threads is None:

@@ -590,7 +590,8 @@ impl Cache {
             .iter()
             .map(|r| self.request(r))
             .collect::<Result<Vec<_>>>()?;
-        let threads = threads.max(1).min(reqs.len().div_ceil(4)).max(1);
+        // A scoped thread costs tens of µs to start: only worth it for 16+ drafts per thread.
+        let threads = threads.max(1).min(reqs.len() / 16).max(1);
         if threads == 1 {
             return reqs
                 .iter()
