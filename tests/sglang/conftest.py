@@ -1,7 +1,7 @@
 """CPU tests of the SGLang plugin against the real `sglang==0.5.23` (no CUDA dependencies).
 
-Install: `pip install --no-deps -r requirements/sglang-test.txt`. Without sglang these tests
-are skipped as a module, with the reason shown.
+Install: `pip install --no-deps -r requirements/sglang-test.txt`. Without sglang every test
+module here is skipped (each starts with `pytest.importorskip("sglang")`), reason shown.
 
 One module is replaced, because it cannot be imported without a GPU:
 - `sgl_kernel` (SGLang's compiled CUDA ops; its import loads `libnvrtc`): SGLang's
@@ -18,7 +18,7 @@ import types
 
 import pytest
 
-pytest.importorskip("sglang", reason="needs sglang==0.5.23: requirements/sglang-test.txt")
+NEEDS_SGLANG = "needs sglang==0.5.23: pip install --no-deps -r requirements/sglang-test.txt"
 
 
 def _sgl_kernel_unavailable(*args, **kwargs):

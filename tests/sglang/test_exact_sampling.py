@@ -8,6 +8,8 @@ import pytest
 import torch
 from lookahead.kernels import verify_sampling_ref
 
+pytest.importorskip("sglang", reason="needs sglang==0.5.23: requirements/sglang-test.txt")
+
 
 def random_trees(bs, width, gen):
     parents = torch.full((bs, width), -1, dtype=torch.int32)

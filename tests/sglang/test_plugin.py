@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import lookahead.sglang as plugin
 import pytest
 
+pytest.importorskip("sglang", reason="needs sglang==0.5.23: requirements/sglang-test.txt")
+
 
 def test_entry_point_is_declared_for_sglang():
     from importlib.metadata import entry_points

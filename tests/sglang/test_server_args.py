@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest.importorskip("sglang", reason="needs sglang==0.5.23: requirements/sglang-test.txt")
+
 BASE = [
     "--model-path",
     "/nonexistent/model",

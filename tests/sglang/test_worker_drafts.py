@@ -15,6 +15,8 @@ import pytest
 import torch
 from lookahead.sglang.config import ServingConfig
 
+pytest.importorskip("sglang", reason="needs sglang==0.5.23: requirements/sglang-test.txt")
+
 
 def make_worker(width=8, overlap=False, breadth=4, **extra):
     from lookahead.sglang.worker import LookaheadWorker
