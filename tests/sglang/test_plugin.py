@@ -144,3 +144,20 @@ def test_env_is_read_in_one_place():
     env = read_env({"LOOKAHEAD_SGLANG_SKIP_VERSION_CHECK": "1", "LOOKAHEAD_CONFIG": " "})
     assert env.skip_version_check and env.config_json is None
     assert not read_env({}).skip_version_check
+
+
+def test_register_refuses_an_unsupported_sglang(plugins_loaded, monkeypatch):
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setattr(plugin.metadata, "version", lambda name: "0.5.21")
+    monkeypatch.delenv("LOOKAHEAD_SGLANG_SKIP_VERSION_CHECK", raising=False)
+    with pytest.raises(
+        plugin.UnsupportedSGLangVersion, match=r"supports sglang 0\.5\.23.*0\.5\.21"
+    ):
+        plugin.register()
+    # The escape hatch: loads anyway (here: finds LOOKAHEAD already registered, keeps it).
+    monkeypatch.setenv("LOOKAHEAD_SGLANG_SKIP_VERSION_CHECK", "1")
+    plugin.register()
+    from lookahead.sglang.algo import LookaheadSpecAlgo
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    assert isinstance(SpeculativeAlgorithm.from_string("LOOKAHEAD"), LookaheadSpecAlgo)
