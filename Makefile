@@ -18,8 +18,9 @@ demo: install  ## install, fetch the default model, run `lookahead demo`
 	lookahead demo
 
 .PHONY: dev
-dev:  ## editable install with test and lint tools
+dev:  ## editable install with test and lint tools, and SGLang 0.5.23 without its CUDA deps
 	$(PIP) install -r requirements/test.txt
+	$(PIP) install --no-deps -r requirements/sglang-test.txt
 	$(PIP) install -e ".[hf,plot,test,dev]"
 
 .PHONY: test
