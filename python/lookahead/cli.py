@@ -20,10 +20,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--budget",
         type=int,
         default=None,
-        help="draft nodes per step (default: 16 for bfloat16, 8 for float32)",
+        help="draft nodes per step (default 8)",
     )
     p.add_argument("--depth", type=int, default=12, help="longest n-gram stored in the trie")
     p.add_argument("--single-branch", action="store_true", help="draft one chain instead of a tree")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +123,13 @@ def main(argv: list | None = None) -> int:
     if getattr(args, "budget", None) is not None and args.budget < 0:
         print("lookahead: --budget must be >= 0", file=sys.stderr)
         return 2
+    if args.threads is not None:
+        if args.threads < 1:
+            print("lookahead: --threads must be >= 1", file=sys.stderr)
+            return 2
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.command == "demo":
         from lookahead import demo
 

@@ -272,7 +272,8 @@ def main(args) -> int:
         payload = {
             "dtype": args.dtype,
             "max_new_tokens": args.max_new_tokens,
-            "budget": args.budget,
+            "budget": args.budget,  # None: the engine's default for the dtype
+            "threads": torch.get_num_threads(),
             "depth": args.depth,
             "multi_branch": not args.single_branch,
             "rows": [

@@ -20,10 +20,12 @@ from lookahead import kernels
 from lookahead.kv import check_cache_layers, check_model_supports_kv, keep_path, new_cache
 from lookahead.sampling import SamplingConfig, node_scores
 
-# Draft budget (nodes besides the root) by compute dtype. On a small CPU model a bf16 forward
-# over 16 tokens costs about as much as over 1 (measured 1.22x for 16), while fp32 costs 2.17x
-# at 16 rows, so fp32 drafts less.
-DEFAULT_BUDGET = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 8}
+# Draft budget (nodes besides the root) by compute dtype. Verifying W rows costs more than one
+# row by how the CPU's matrix kernels scale with rows: on the project's 2-core AVX2 machine an
+# fp32 forward over 16 rows costs ~2.2x one row, while bf16 (no native bf16 dot products, so
+# emulated) grows almost linearly past one row (F.linear 576x1536: 1 row 0.33 ms, 8 rows
+# 3.2 ms, 16 rows 6.5 ms, 1 thread). 8 keeps the tree small in both; tune with `budget=`.
+DEFAULT_BUDGET = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 8}
 DEFAULT_DEPTH = 12
 
 TokenCallback = Callable[[list, str], None]
