@@ -9,7 +9,8 @@ rust/README.md ("Drafting") literally:
   and every `add_history` text), the n-grams ending at that token;
 - match: the longest suffix (<= max_depth - 1 tokens) of the context with a continuation in a
   participating trie (weight > 0), scanning lengths from longest to shortest;
-- score(t) = (w_p * c_P/S_P + w_o * c_H/S_H) / (w_p + w_o) over the tries still tracked;
+- score(t) = (w_p * c_P/(S_P + D_P) + w_o * c_H/(S_H + D_H)) / (w_p + w_o) over the tries
+  still tracked (S: sum of the continuations' counts, D: their number);
 - single branch: argmax chain (ties: smaller token); tree: best-first by path probability,
   ties by push order, children pushed best first; a node without continuations is extended by
   a fresh match on the last max_depth - 1 tokens of context + path.
@@ -88,13 +89,14 @@ class ReferenceCache:
             self._cont(trie, p) if on else {} for (trie, _), on in zip(self._tries(r), tracked)
         ]
         sums = [sum(c.values()) for c in conts]
+        dens = [float(sum(c.values()) + len(c)) for c in conts]
         wp = self.wp if sums[0] > 0 else 0.0
         wo = self.wo if sums[1] > 0 else 0.0
         out = []
         for t in set(conts[0]) | set(conts[1]):
             cp, ch = conts[0].get(t, 0), conts[1].get(t, 0)
-            a = wp * cp / sums[0] if sums[0] > 0 else 0.0
-            b = wo * ch / sums[1] if sums[1] > 0 else 0.0
+            a = wp * cp / dens[0] if sums[0] > 0 else 0.0
+            b = wo * ch / dens[1] if sums[1] > 0 else 0.0
             out.append(((a + b) / (wp + wo), t, (p + (t,), (cp > 0, ch > 0))))
         out.sort(key=lambda x: (-x[0], x[1]))
         return out

@@ -4,14 +4,17 @@
 //! `NONE`). The score of child token `t` of `p` is
 //!
 //! ```text
-//! score(t) = (w_p * c_P(p,t) / S_P(p) + w_o * c_H(p,t) / S_H(p)) / (w_p + w_o)
+//! score(t) = (w_p * c_P(p,t) / (S_P(p) + D_P(p)) + w_o * c_H(p,t) / (S_H(p) + D_H(p))) / (w_p + w_o)
 //! ```
 //!
 //! where `c_X(p,t)` is the count of n-gram `p+t` in trie X, `S_X(p)` the sum of the positive
-//! child counts of `p` in X, and a trie takes part (its term and its weight in the
-//! denominator) only where its weight is positive and `S_X(p) > 0`. Scores of one state sum
-//! to 1; a draft node's score is the product of the scores along its path (its estimated
-//! probability). Children with count 0 (decayed by eviction) are not candidates. Ties are
+//! child counts of `p` in X, `D_X(p)` the number of those children, and a trie takes part
+//! (its term and its weight in the denominator) only where its weight is positive and
+//! `S_X(p) > 0`. `D` is Witten-Bell's escape mass: the chance that `p` continues with a token
+//! never seen after it, high for rare n-grams (a count-1 match scores 1/2, not 1), so the
+//! best-first tree spreads over siblings near the root instead of betting the whole budget on
+//! one long chain of a once-seen n-gram. Scores of one state sum to `< 1`; a draft node's
+//! score is the product of the scores along its path (its estimated probability). Children with count 0 (decayed by eviction) are not candidates. Ties are
 //! broken by token id (smaller first) and, in the tree, by the order candidates were pushed.
 
 use std::cmp::Ordering;
@@ -220,6 +223,7 @@ impl Sources<'_> {
         let raw = &mut scratch.raw;
         raw.clear();
         let mut sums = [0u64; 2];
+        let mut kids = [0u64; 2];
         let mut bound = [0u32; 2];
         for x in 0..2 {
             let Some(t) = live(x) else { continue };
@@ -242,6 +246,7 @@ impl Sources<'_> {
             match ranked[x] {
                 Some(side) => {
                     sums[x] = side.sum;
+                    kids[x] = side.num_children() as u64;
                     bound[x] = t.node(*side.top.last().expect("room >= 1")).count;
                     for &c in &side.top {
                         let n = t.node(c);
@@ -255,6 +260,7 @@ impl Sources<'_> {
                         let cnt = t.node(c).count;
                         if cnt > 0 {
                             sums[x] += u64::from(cnt);
+                            kids[x] += 1;
                             add(tok, cnt, c);
                         }
                     }
@@ -263,11 +269,10 @@ impl Sources<'_> {
         }
         raw.sort_unstable_by_key(|r| r.0);
         raw.dedup_by_key(|r| r.0);
-        let wp = if sums[0] > 0 { self.prompt_weight } else { 0.0 };
-        let wo = if sums[1] > 0 { self.output_weight } else { 0.0 };
+        let (wp, wo, dens) = self.weights(sums, kids);
         let wsum = wp + wo;
         for r in raw.iter() {
-            out.push(self.score(r, sums, wp, wo, wsum));
+            out.push(Self::score(r, dens, wp, wo, wsum));
         }
         let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
         if out.len() < room {
@@ -279,30 +284,31 @@ impl Sources<'_> {
         // The best score an unranked child could have.
         let mut limit = 0.0;
         if sums[0] > 0 && ranked[0].is_some() {
-            limit += wp * f64::from(bound[0]) / sums[0] as f64;
+            limit += wp * f64::from(bound[0]) / dens[0];
         }
         if sums[1] > 0 && ranked[1].is_some() {
-            limit += wo * f64::from(bound[1]) / sums[1] as f64;
+            limit += wo * f64::from(bound[1]) / dens[1];
         }
         out[room - 1].score > limit / wsum
     }
 
+    /// Weights of the participating tries and their score denominators `S + D`.
+    fn weights(&self, sums: [u64; 2], kids: [u64; 2]) -> (f64, f64, [f64; 2]) {
+        let wp = if sums[0] > 0 { self.prompt_weight } else { 0.0 };
+        let wo = if sums[1] > 0 { self.output_weight } else { 0.0 };
+        let dens = [(sums[0] + kids[0]) as f64, (sums[1] + kids[1]) as f64];
+        (wp, wo, dens)
+    }
+
     #[inline]
-    fn score(
-        &self,
-        r: &(u32, u32, u32, u32, u32),
-        sums: [u64; 2],
-        wp: f64,
-        wo: f64,
-        wsum: f64,
-    ) -> Cand {
-        let a = if sums[0] > 0 {
-            wp * f64::from(r.1) / sums[0] as f64
+    fn score(r: &(u32, u32, u32, u32, u32), dens: [f64; 2], wp: f64, wo: f64, wsum: f64) -> Cand {
+        let a = if wp > 0.0 {
+            wp * f64::from(r.1) / dens[0]
         } else {
             0.0
         };
-        let b = if sums[1] > 0 {
-            wo * f64::from(r.2) / sums[1] as f64
+        let b = if wo > 0.0 {
+            wo * f64::from(r.2) / dens[1]
         } else {
             0.0
         };
@@ -319,6 +325,7 @@ impl Sources<'_> {
         let raw = &mut scratch.raw;
         raw.clear();
         let mut sums = [0u64; 2];
+        let mut kids = [0u64; 2];
         for (x, (trie, w)) in self.tries().into_iter().enumerate() {
             let Some(t) = trie.filter(|_| w > 0.0 && st[x] != NONE) else {
                 continue;
@@ -329,6 +336,7 @@ impl Sources<'_> {
                     continue;
                 }
                 sums[x] += u64::from(cnt);
+                kids[x] += 1;
                 raw.push(if x == 0 {
                     (tok, cnt, 0, c, NONE)
                 } else {
@@ -343,8 +351,7 @@ impl Sources<'_> {
             // Both tries continue: merge entries of the same token.
             raw.sort_unstable_by_key(|r| (r.0, r.3 == NONE));
         }
-        let wp = if sums[0] > 0 { self.prompt_weight } else { 0.0 };
-        let wo = if sums[1] > 0 { self.output_weight } else { 0.0 };
+        let (wp, wo, dens) = self.weights(sums, kids);
         let wsum = wp + wo;
         let mut i = 0;
         while i < raw.len() {
@@ -356,7 +363,7 @@ impl Sources<'_> {
                 i += 1;
             }
             i += 1;
-            out.push(self.score(&r, sums, wp, wo, wsum));
+            out.push(Self::score(&r, dens, wp, wo, wsum));
         }
         let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
         if room < out.len() {
@@ -541,7 +548,7 @@ mod tests {
 
     #[test]
     fn scores_mix_prompt_and_history() {
-        // After [5]: prompt says 6 (x1), history says 7 (x3) and 6 (x1).
+        // After [5]: prompt says 6 (x1: 1 / (1 + 1)), history says 7 (x3) and 6 (x1): / (4 + 2).
         let p = trie(&[&[5, 6]], 3);
         let h = trie(&[&[5, 7], &[5, 7], &[5, 7], &[5, 6]], 3);
         let s = src(Some(&p), Some(&h), 3);
@@ -553,9 +560,9 @@ mod tests {
             &mut c,
         );
         assert_eq!(c[0].token, 6);
-        assert!((c[0].score - (1.0 + 0.25) / 2.0).abs() < 1e-12);
+        assert!((c[0].score - (0.5 + 1.0 / 6.0) / 2.0).abs() < 1e-12);
         assert_eq!(c[1].token, 7);
-        assert!((c[1].score - 0.75 / 2.0).abs() < 1e-12);
+        assert!((c[1].score - 0.5 / 2.0).abs() < 1e-12);
         let d = s.draft(&[5], 4, true);
         assert_eq!(&d.tokens[..3], &[5, 6, 7]);
         assert_eq!(&d.parents[..3], &[-1, 0, 0]);

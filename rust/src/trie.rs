@@ -33,6 +33,13 @@ pub struct Side {
     pub top: Vec<u32>,
 }
 
+impl Side {
+    /// Children of the owner (some may have count 0 once eviction decayed them).
+    pub fn num_children(&self) -> usize {
+        self.map.len()
+    }
+}
+
 pub struct Trie {
     pub(crate) arena: Arena,
     sides: Vec<Side>,
