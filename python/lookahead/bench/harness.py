@@ -63,9 +63,32 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else float("nan")
 
 
+def git_commit() -> str:
+    """`git describe --always --dirty` of the working tree, or "unknown"."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def header(command: str) -> dict:
     """The context every result file starts with."""
-    return {"command": command, "date": now(), "machine": machine(), "versions": versions()}
+    return {
+        "command": command,
+        "date": now(),
+        "git": git_commit(),
+        "machine": machine(),
+        "versions": versions(),
+    }
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> None:
