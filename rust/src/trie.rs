@@ -216,17 +216,6 @@ impl Trie {
         self.sides[s as usize] = side;
     }
 
-    /// Ranks every side table again (after counts were written directly).
-    fn rank_all_sides(&mut self) {
-        for s in 0..self.sides.len() as u32 {
-            let owner = self.sides[s as usize].owner;
-            let n = self.arena.get(owner);
-            if !n.is_free() && n.side == s {
-                self.rank_side(s, owner);
-            }
-        }
-    }
-
     /// True if child `a` ranks before child `b`: higher count, then smaller token.
     #[inline]
     fn before(&self, a: u32, b: u32) -> bool {
@@ -363,26 +352,6 @@ impl Trie {
         starts.end
     }
 
-    /// Appends a new child of `n` known to be absent, `fanout` being `n`'s children so far.
-    fn push_new_child(&mut self, n: u32, token: u32, fanout: usize) -> u32 {
-        self.allowance -= 1;
-        let first = self.arena.get(n).first_child;
-        let mut child = Node::new(token, n);
-        child.next_sibling = first;
-        let c = self.arena.alloc(child);
-        if first != NONE {
-            self.arena.get_mut(first).prev_sibling = c;
-        }
-        self.arena.get_mut(n).first_child = c;
-        let side = self.arena.get(n).side;
-        if side != NONE {
-            self.sides[side as usize].map.insert(token, c);
-        } else if fanout + 1 > SIDE_AT {
-            self.make_side(n);
-        }
-        c
-    }
-
     /// The trie of every window of `text` (each up to `depth` tokens), built by sorting the
     /// windows: nodes are created in one pass in depth-first order (no lookups, contiguous
     /// memory) and counts are the sizes of the sorted ranges sharing a prefix.
@@ -401,55 +370,65 @@ impl Trie {
         // stack[d]: (node, first sorted window through it, children so far) at depth d+1.
         let mut stack: Vec<(u32, usize, usize)> = Vec::with_capacity(depth);
         let mut root_children = 0usize;
-        // at[p * depth + d]: the node of text[p..=p+d], for the suffix links below.
-        let mut at = vec![NONE; n * depth];
+        // Nodes that get a side table, made once their children and counts are final.
+        let mut sided = Vec::new();
         for i in 0..n {
             let w = win(order[i]);
             let l = usize::from(lcp[i]);
-            let p = order[i] as usize;
+            // The last node popped (depth l + 1) is the previous sibling of the next one
+            // created: siblings come in token order, and every write below hits a node that
+            // was touched a moment ago (no cache misses on long-finished subtrees).
+            let mut prev = NONE;
             while stack.len() > l {
-                let (node, start, _) = stack.pop().expect("non-empty");
+                let (node, start, kids) = stack.pop().expect("non-empty");
                 t.arena.get_mut(node).count = (i - start).min(u32::MAX as usize) as u32;
+                if kids > SIDE_AT {
+                    sided.push(node);
+                }
+                prev = node;
             }
             for &tok in &w[l..] {
-                let c = match stack.last_mut() {
+                let parent = match stack.last_mut() {
                     Some(top) => {
                         top.2 += 1;
-                        let (p, k) = (top.0, top.2 - 1);
-                        t.push_new_child(p, tok, k)
+                        top.0
                     }
                     None => {
                         root_children += 1;
-                        t.push_new_child(ROOT, tok, root_children - 1)
+                        ROOT
                     }
                 };
+                let mut node = Node::new(tok, parent);
+                node.prev_sibling = prev;
+                t.allowance -= 1;
+                let c = t.arena.alloc(node);
+                if prev == NONE {
+                    t.arena.get_mut(parent).first_child = c;
+                } else {
+                    t.arena.get_mut(prev).next_sibling = c;
+                }
+                prev = NONE;
                 stack.push((c, i, 0));
             }
-            for (d, e) in stack.iter().enumerate() {
-                at[p * depth + d] = e.0;
-            }
         }
-        while let Some((node, start, _)) = stack.pop() {
+        while let Some((node, start, kids)) = stack.pop() {
             t.arena.get_mut(node).count = (n - start).min(u32::MAX as usize) as u32;
-        }
-        // Suffix links: text[p..=p+d] links to text[p+1..=p+d]. A prompt trie is never
-        // evicted, so its link targets need no reference counts.
-        // Visit nodes in creation order (sorted windows), so the writes are sequential.
-        t.count_link_refs = false;
-        for i in 0..n {
-            let p = order[i] as usize;
-            let len = depth.min(n - p);
-            for d in usize::from(lcp[i])..len {
-                let target = if d == 0 {
-                    ROOT
-                } else {
-                    at[(p + 1) * depth + d - 1]
-                };
-                t.arena.get_mut(at[p * depth + d]).link = target;
+            if kids > SIDE_AT {
+                sided.push(node);
             }
         }
+        if root_children > SIDE_AT {
+            sided.push(ROOT);
+        }
+        for node in sided {
+            t.make_side(node);
+        }
+        // No suffix links: setting them costs a second pass over every node plus random
+        // reads (a third of the build); a re-match in a prompt trie walks from the root
+        // instead (at most `max_depth - 1` child lookups per probe, only at window ends).
+        // A prompt trie is never evicted, so it keeps no link reference counts either.
+        t.count_link_refs = false;
         debug_assert_eq!(t.allowance, 0);
-        t.rank_all_sides();
         t
     }
 
