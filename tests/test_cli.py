@@ -31,7 +31,7 @@ def test_bad_arguments_exit_with_a_message(capsys):
 
 def test_parser_defaults():
     args = cli.build_parser().parse_args(["demo"])
-    assert args.dtype == "bfloat16"
+    assert args.dtype == "auto"
     assert args.categories == "rag,summarization"
     assert args.budget is None and not args.single_branch
 

