@@ -372,9 +372,17 @@ impl Trie {
         let mut root_children = 0usize;
         // Nodes that get a side table, made once their children and counts are final.
         let mut sided = Vec::new();
+        // Suffix links only where a draft's re-match starts: a full window's leaf links to
+        // the (depth-1)-gram after its first token, `below[p]`, the node of
+        // text[p..p + depth - 1]. Links at every depth would cost a second pass over all
+        // nodes with random reads (a third of the build); a re-match that needs a shorter
+        // suffix walks from the root instead.
+        let mut below = vec![NONE; if depth >= 2 { n } else { 0 }];
+        let mut leaves: Vec<(u32, u32)> = Vec::new();
         for i in 0..n {
             let w = win(order[i]);
             let l = usize::from(lcp[i]);
+            let p = order[i] as usize;
             // The last node popped (depth l + 1) is the previous sibling of the next one
             // created: siblings come in token order, and every write below hits a node that
             // was touched a moment ago (no cache misses on long-finished subtrees).
@@ -410,6 +418,12 @@ impl Trie {
                 prev = NONE;
                 stack.push((c, i, 0));
             }
+            if depth >= 2 && stack.len() + 1 >= depth {
+                below[p] = stack[depth - 2].0;
+                if stack.len() == depth && l < depth {
+                    leaves.push((stack[depth - 1].0, p as u32));
+                }
+            }
         }
         while let Some((node, start, kids)) = stack.pop() {
             t.arena.get_mut(node).count = (n - start).min(u32::MAX as usize) as u32;
@@ -423,10 +437,11 @@ impl Trie {
         for node in sided {
             t.make_side(node);
         }
-        // No suffix links: setting them costs a second pass over every node plus random
-        // reads (a third of the build); a re-match in a prompt trie walks from the root
-        // instead (at most `max_depth - 1` child lookups per probe, only at window ends).
-        // A prompt trie is never evicted, so it keeps no link reference counts either.
+        for (leaf, p) in leaves {
+            // Window p is full, so text[p + 1..p + depth] exists and window p + 1 reaches it.
+            t.arena.get_mut(leaf).link = below[p as usize + 1];
+        }
+        // A prompt trie is never evicted, so its link targets need no reference counts.
         t.count_link_refs = false;
         debug_assert_eq!(t.allowance, 0);
         t
