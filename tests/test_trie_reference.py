@@ -96,3 +96,17 @@ def test_batch_rows_equal_single_drafts():
             n = d.num_nodes
             assert (bd.tokens[rid, n:] == 0).all() and (bd.parents[rid, n:] == -1).all()
             assert (bd.scores[rid, n:] == 0).all()
+
+
+def test_rematch_finds_an_ngram_the_state_did_not_track():
+    # "9 0" ends the prompt and occurs in the history only as the prefix of "9 0 0" (count 0):
+    # the state after drafting 0 tracks the prompt alone, which does not continue it, but the
+    # fresh match must still find "9 0" -> 0 in the history (not fall back to "0").
+    kw = dict(max_depth=3, prompt_weight=1.0, output_weight=1.0)
+    cache = LookaheadCache(capacity_nodes=1_000, background_indexing=False, **kw)
+    ref = ReferenceCache(**kw)
+    for c in (cache, ref):
+        c.start_request(0, [9, 0])
+        c.extend(0, [0, 9])
+    assert_same_draft(cache, ref, 0, 6, False)
+    assert cache.draft(0, budget=2, multi_branch=False).scores.tolist() == [1.0, 0.5, 0.25]

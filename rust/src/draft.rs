@@ -152,12 +152,22 @@ impl Sources<'_> {
         self.match_hinted(ctx, None)
     }
 
-    /// `match_suffix` where `hint` is the state of a suffix of `ctx` that has no continuation
-    /// (so only shorter suffixes can match), reached through suffix links where possible.
+    /// `match_suffix` where `hint` is the state of a suffix of `ctx` without continuations in
+    /// the tries it tracks (so, if it tracks all, only shorter suffixes can match); shorter
+    /// suffixes are reached through suffix links where possible.
     fn match_hinted(&self, ctx: &[u32], hint: Option<State>) -> Option<State> {
         let mut longest = ctx.len().min(self.max_depth.saturating_sub(1));
         if let Some(h) = hint {
-            longest = longest.min((h[2] as usize).saturating_sub(1));
+            // The hint's n-gram has no continuation in the tries it tracks; a trie it does not
+            // track (`NONE`: that trie's count of the n-gram is 0) may still continue it, e.g.
+            // a history n-gram seen only as the prefix of a longer one.
+            let untracked = self
+                .tries()
+                .into_iter()
+                .enumerate()
+                .any(|(x, (t, w))| t.is_some() && w > 0.0 && h[x] == NONE);
+            let cap = h[2] as usize - usize::from(!untracked);
+            longest = longest.min(cap);
         }
         if longest == 0 {
             return None;
