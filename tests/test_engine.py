@@ -41,7 +41,7 @@ def test_greedy_equals_generate_over_random_prompts(family_model):
     gen = LookaheadGenerator(model, budget=12)
     rng = random.Random(1234)
     accepted = 0
-    for i in range(10):
+    for i in range(16):
         ids = repetitive_prompt(rng, VOCAB)
         new = rng.choice([17, 32])
         ref = hf_generate(model, ids, new)
