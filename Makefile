@@ -37,9 +37,18 @@ lint:  ## ruff, cargo fmt, clippy
 	cargo clippy --manifest-path rust/Cargo.toml --all-targets --features python -- -D warnings
 
 .PHONY: bench
-bench:  ## host-cost benchmark of the trie
-	$(PY) -m lookahead.bench trie
+bench:  ## host-cost benchmark of the trie (add --peers after `make peers`)
+	$(PY) -m lookahead.bench trie --json benchmarks/results/trie.json
 
 .PHONY: bench-gpu
 bench-gpu:  ## time the Triton kernels on a CUDA GPU (table + benchmarks/out/gpu_kernels.json)
 	$(PY) benchmarks/gpu_kernels.py
+
+.PHONY: peers
+peers:  ## install the benchmark peers (SGLang NGRAM corpus, SuffixDecoding, numba) without touching torch/transformers
+	$(PIP) install nanobind==3.1.0 ninja==1.13.2 cmake==4.4.5
+	$(PIP) install --no-deps --no-build-isolation -r requirements/peers.txt
+
+.PHONY: bench-accept
+bench-accept:  ## acceptance simulator over the recorded traces (B = 8, 16, 32)
+	$(PY) -m lookahead.bench accept --json benchmarks/results/accept_specbench_smollm2.json
