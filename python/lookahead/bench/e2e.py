@@ -19,6 +19,7 @@ from pathlib import Path
 
 from lookahead.bench.harness import command_line, header, write_json
 from lookahead.bench.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions
+from lookahead.models import DTYPES
 
 METHODS = ("plain", "pld", "lookahead")
 
@@ -55,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--categories", default=",".join(CATEGORIES))
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--model", default=None)
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument(
+        "--dtype", default="auto", choices=DTYPES, help="auto: bf16 only with native CPU bf16"
+    )
     p.add_argument("--budget", type=int, default=None, help="lookahead draft budget")
     p.add_argument("--pld-tokens", type=int, default=10)
     p.add_argument("--fresh-cache", action="store_true", help="a new lookahead cache per prompt")
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lookahead.engine import LookaheadGenerator
     from lookahead.engine import generate as lookahead_generate
-    from lookahead.models import load_model
+    from lookahead.models import load_model, resolve_dtype
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         for q in select_questions(args.questions, args.per_category)
         if q["category"] in cats or ("mt_bench" in cats and q["category"] not in CATEGORIES)
     ]
+    args.dtype = resolve_dtype(args.dtype)
     model, tok = load_model(args.model, dtype=args.dtype)
     eos = tok.eos_token_id
     gen = None if args.fresh_cache else LookaheadGenerator(model, tok, budget=args.budget)
