@@ -25,6 +25,20 @@ import numpy as np
 from lookahead.bench.harness import percentile
 
 
+def _index_row(path: str, n: int, wall: list) -> dict:
+    """A prompt-indexing row: median and best wall time of indexing `n` tokens."""
+    med = float(np.median(wall))
+    return {
+        "what": "index_prompt",
+        "path": path,
+        "size": n,
+        "unit": "ms",
+        "p50": med / 1e6,
+        "min": min(wall) / 1e6,
+        "ns_per_token": med / n,
+    }
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
@@ -72,18 +86,7 @@ def sglang_rows(stream, sizes, history_tokens, budgets, iters) -> list[dict]:
             c.batch_put([prompt])
             c.synchronize()
             wall.append(time.perf_counter_ns() - t0)
-        med = float(np.median(wall))
-        rows.append(
-            {
-                "what": "index_prompt",
-                "path": "sglang",
-                "size": n,
-                "unit": "ms",
-                "p50": med / 1e6,
-                "min": min(wall) / 1e6,
-                "ns_per_token": med / n,
-            }
-        )
+        rows.append(_index_row("sglang", n, wall))
     hist = history_stream(stream, history_tokens)
     for budget in budgets:
         c = corpus_cls(max_trie_depth=18, draft_token_num=budget + 1, capacity=10_000_000)
@@ -142,18 +145,7 @@ def suffix_rows(stream, sizes, history_tokens, budgets, iters) -> list[dict]:
             t0 = time.perf_counter_ns()
             t.extend_ndarray(0, prompt)
             wall.append(time.perf_counter_ns() - t0)
-        med = float(np.median(wall))
-        rows.append(
-            {
-                "what": "index_prompt",
-                "path": "suffix",
-                "size": n,
-                "unit": "ms",
-                "p50": med / 1e6,
-                "min": min(wall) / 1e6,
-                "ns_per_token": med / n,
-            }
-        )
+        rows.append(_index_row("suffix", n, wall))
     hist = history_stream(stream, history_tokens)
     cache = SuffixDecodingCache(max_tree_depth=64, max_cached_requests=100000)
     rss0 = _rss_bytes()
