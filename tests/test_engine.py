@@ -22,6 +22,15 @@ from tiny_models import (
 VOCAB = 128
 
 
+@pytest.fixture(autouse=True)
+def _verify_every_draft(monkeypatch):
+    # These tests exercise the tree path; the CPU cost gate (`min_draft_score`) would drop
+    # low-score drafts, so it is off here and tested on its own.
+    import lookahead.engine
+
+    monkeypatch.setattr(lookahead.engine, "DEFAULT_MIN_DRAFT_SCORE", {})
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     # Tiny models: thread start-up costs more than it saves, and CI shares 2 cores.
@@ -258,3 +267,28 @@ def test_bad_input_gives_clear_errors():
     assert gen.generate([5, 6, 5, 6], max_new_tokens=3, eos_token_id=None).ids == hf_generate(
         model, [5, 6, 5, 6], 3
     )
+
+
+def test_low_score_drafts_are_dropped_and_output_unchanged():
+    family, model = "llama", tiny_model("llama")
+    rng = random.Random(99)
+    ids = repetitive_prompt(rng, VOCAB)
+    ref = hf_generate(model, ids, 24)
+    # No draft can reach this score: every step verifies the root alone.
+    res = LookaheadGenerator(model, budget=8, min_draft_score=1e9).generate(
+        ids, max_new_tokens=24, eos_token_id=None
+    )
+    assert res.ids == ref, family
+    assert res.stats.skipped_drafts > 0
+    assert sum(res.stats.accepted) == 0 and res.stats.steps == 24
+    with pytest.raises(ValueError, match="min_draft_score"):
+        LookaheadGenerator(model, min_draft_score=-1.0)
+    with pytest.raises(ValueError, match="min_draft_score"):
+        LookaheadGenerator(model, min_draft_score=float("nan"))
+
+
+def test_cpu_default_cost_gate(monkeypatch):
+    import lookahead.engine
+
+    monkeypatch.setattr(lookahead.engine, "DEFAULT_MIN_DRAFT_SCORE", {"cpu": 0.85})
+    assert LookaheadGenerator(tiny_model("llama")).min_draft_score == 0.85

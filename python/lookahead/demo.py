@@ -125,12 +125,27 @@ def plain_generate(model, ids: list, max_new_tokens: int) -> tuple:
     return out[0, len(ids) :].tolist(), time.perf_counter() - t0
 
 
-def run(model, tokenizer, prompts, *, max_new_tokens, budget=None, depth=12, multi_branch=True):
+def run(
+    model,
+    tokenizer,
+    prompts,
+    *,
+    max_new_tokens,
+    budget=None,
+    depth=12,
+    multi_branch=True,
+    min_draft_score=None,
+):
     """Run both methods on every prompt; yields `DemoRow`s as they finish."""
     from lookahead.engine import LookaheadGenerator
 
     gen = LookaheadGenerator(
-        model, tokenizer, budget=budget, depth=depth, multi_branch=multi_branch
+        model,
+        tokenizer,
+        budget=budget,
+        depth=depth,
+        multi_branch=multi_branch,
+        min_draft_score=min_draft_score,
     )
     # Warm-up: first calls pay one-off costs (thread pools, allocator) that are not decoding.
     warm = chat_ids(tokenizer, "Say hello.")
@@ -260,6 +275,7 @@ def main(args) -> int:
         budget=args.budget,
         depth=args.depth,
         multi_branch=not args.single_branch,
+        min_draft_score=getattr(args, "min_draft_score", None),
     )
     with tqdm(total=len(prompts), desc="prompts", unit="prompt", file=sys.stderr) as bar:
         for row in it:

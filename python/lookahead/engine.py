@@ -27,6 +27,13 @@ from lookahead.sampling import SamplingConfig, node_scores
 # 3.2 ms, 16 rows 6.5 ms, 1 thread). 8 keeps the tree small in both; tune with `budget=`.
 DEFAULT_BUDGET = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 8}
 DEFAULT_DEPTH = 12
+# A draft is verified only if its expected accepted length (the sum of its nodes' path scores,
+# which track the measured mean accepted length closely: 0.47 accepted at sums 0.3-0.6, 1.11 at
+# 0.85-1.2 on the default model) pays for the extra rows. On CPU a forward over 2-9 rows costs
+# ~1.85x a one-row forward (MKL's one-row GEMV path; measured on the AVX2 project machine,
+# fp32, 700-token context: 1 row 131 ms, 2 rows 229 ms, 9 rows 246 ms), so a draft needs > 0.85
+# expected tokens. On a GPU at batch 1 extra rows are nearly free: no threshold.
+DEFAULT_MIN_DRAFT_SCORE = {"cpu": 0.85}
 
 TokenCallback = Callable[[list, str], None]
 
@@ -42,6 +49,7 @@ class GenerationStats:
     steps: int = 0  # tree forwards after the prefill
     accepted: list = field(default_factory=list)  # accepted draft tokens per step (bonus excluded)
     draft_nodes: list = field(default_factory=list)  # drafted nodes per step (root excluded)
+    skipped_drafts: int = 0  # drafts dropped as unlikely to pay (see `min_draft_score`)
     prefill_s: float = 0.0  # trie indexing start + the prompt forward
     draft_s: float = 0.0  # LookaheadCache.draft
     mask_s: float = 0.0  # tree metadata, input tensors, 4-D mask
@@ -152,6 +160,7 @@ class LookaheadGenerator:
         budget: int | None = None,
         depth: int = DEFAULT_DEPTH,
         multi_branch: bool = True,
+        min_draft_score: float | None = None,
     ):
         check_model_supports_kv(model)
         attn = getattr(model.config, "_attn_implementation", None)
@@ -172,6 +181,12 @@ class LookaheadGenerator:
         dtype = next(model.parameters()).dtype
         self.budget = DEFAULT_BUDGET.get(dtype, 8) if budget is None else budget
         self.multi_branch = multi_branch
+        device = next(model.parameters()).device
+        if min_draft_score is None:
+            min_draft_score = DEFAULT_MIN_DRAFT_SCORE.get(device.type, 0.0)
+        if not min_draft_score >= 0:
+            raise ValueError(f"min_draft_score must be >= 0, got {min_draft_score}")
+        self.min_draft_score = float(min_draft_score)
         self._additive_mask = attn == "eager"
         self._dtype = dtype
         self._device = next(model.parameters()).device
@@ -321,6 +336,10 @@ class LookaheadGenerator:
             if budget > 0:
                 d = self.cache.draft(rid, budget=budget, multi_branch=mb)
                 d_parents, d_tokens = d.parents, d.tokens
+                if len(d_tokens) > 1 and float(d.scores[1:].sum()) < self.min_draft_score:
+                    # Too unlikely to pay for the extra rows: verify the root alone.
+                    d_parents, d_tokens = d_parents[:1], d_tokens[:1]
+                    stats.skipped_drafts += 1
             else:  # plain decoding through the same path (the trie takes budgets >= 1)
                 d_parents, d_tokens = root_parents, np.array([root], dtype=np.int64)
             n = len(d_tokens)
