@@ -22,22 +22,7 @@ from tiny_models import (
 VOCAB = 128
 
 
-@pytest.fixture(autouse=True)
-def _verify_every_draft(monkeypatch):
-    # These tests exercise the tree path; the CPU cost gate (`min_draft_score`) would drop
-    # low-score drafts, so it is off here and tested on its own.
-    import lookahead.engine
-
-    monkeypatch.setattr(lookahead.engine, "DEFAULT_MIN_DRAFT_SCORE", {})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models: thread start-up costs more than it saves, and CI shares 2 cores.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("verify_every_draft", "one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -39,6 +39,20 @@ def _index_row(path: str, n: int, wall: list) -> dict:
     }
 
 
+def _history_row(path: str, n: int, elapsed_ns: int, rss0: int) -> dict:
+    """A history-building row: ns per token of `n` tokens and the RSS growth per token."""
+    return {
+        "what": "add_history",
+        "path": path,
+        "size": int(n),
+        "unit": "ns/token",
+        "p50": elapsed_ns / n,
+        "tokens": int(n),
+        "bytes_per_token": (_rss_bytes() - rss0) / n,
+        "bytes_per_node": float("nan"),
+    }
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
@@ -98,18 +112,7 @@ def sglang_rows(stream, sizes, history_tokens, budgets, iters) -> list[dict]:
         c.synchronize()
         el = time.perf_counter_ns() - t0
         if budget == budgets[0]:
-            rows.append(
-                {
-                    "what": "add_history",
-                    "path": "sglang",
-                    "size": int(hist.size),
-                    "unit": "ns/token",
-                    "p50": el / hist.size,
-                    "tokens": int(hist.size),
-                    "bytes_per_token": (_rss_bytes() - rss0) / hist.size,
-                    "bytes_per_node": float("nan"),
-                }
-            )
+            rows.append(_history_row("sglang", hist.size, el, rss0))
         ctxs = _contexts(hist, 64, 18)
         ns = np.empty(iters, dtype=np.int64)
         for i in range(iters):
@@ -156,18 +159,7 @@ def suffix_rows(stream, sizes, history_tokens, budgets, iters) -> list[dict]:
         cache.add_active_response(f"h{i}", np.ascontiguousarray(doc[1:]))
         cache.stop_request(f"h{i}")
     el = time.perf_counter_ns() - t0
-    rows.append(
-        {
-            "what": "add_history",
-            "path": "suffix",
-            "size": int(hist.size),
-            "unit": "ns/token",
-            "p50": el / hist.size,
-            "tokens": int(hist.size),
-            "bytes_per_token": (_rss_bytes() - rss0) / hist.size,
-            "bytes_per_node": float("nan"),
-        }
-    )
+    rows.append(_history_row("suffix", hist.size, el, rss0))
     ctxs = _contexts(hist, 64, 1000)
     for j, ctx in enumerate(ctxs):
         cache.start_request(f"q{j}", ctx)
