@@ -6,6 +6,7 @@ import lookahead
 import numpy as np
 import pytest
 from lookahead import (
+    Draft,
     InvalidInput,
     LookaheadCache,
     LookaheadError,
@@ -73,11 +74,18 @@ def test_a_panic_becomes_an_internal_error():
         ([1, "a"], "integers"),
         ([2**70], "2\\*\\*32"),
         (5, "sequence"),
+        ([[1, 2]], "1-D"),
+        (np.array([1, None], dtype=object), "integers"),
+        (np.array(["7"]), "integers"),
+        (np.array([2**32], dtype=np.uint64), "< 2\\*\\*32"),
+        (np.array([-1], dtype=np.int8)[::-1], ">= 0"),
     ],
 )
 def test_bad_token_ids_raise_invalid_input(cache, bad, match):
     with pytest.raises(InvalidInput, match=match):
         cache.extend(1, bad)
+    with pytest.raises(InvalidInput, match=match):
+        cache.step(1, bad)
     with pytest.raises(InvalidInput):
         cache.start_request(2, bad)
     with pytest.raises(InvalidInput):
@@ -110,6 +118,29 @@ def test_bad_arguments(cache):
     ):
         with pytest.raises(InvalidInput):
             LookaheadCache(**kw)
+
+
+def test_bad_arguments_change_nothing(cache):
+    before = cache.draft(1, budget=4)
+    for call in (
+        lambda: cache.step(1, [5], budget=0),
+        lambda: cache.step(1, [5, -1]),
+        lambda: cache.step(True, [5]),
+        lambda: cache.extend(1, [5, 2**40]),
+    ):
+        with pytest.raises(InvalidInput):
+            call()
+    after = cache.draft(1, budget=4)
+    assert after.tokens.tolist() == before.tokens.tolist()
+
+
+def test_numpy_integer_ids_and_budgets(cache):
+    d = cache.draft(np.int64(1), budget=np.int32(3), multi_branch=np.bool_(False))
+    assert d.num_nodes == cache.draft(1, budget=3, multi_branch=False).num_nodes
+    cache.extend(np.uint8(1), [np.int64(5), np.uint16(6)])
+    cache.finish_request(np.int16(1))
+    with pytest.raises(UnknownRequest):
+        cache.draft(1)
 
 
 def test_unknown_and_reused_request_ids(cache):
@@ -149,6 +180,89 @@ def test_inputs_lists_numpy_and_zero_copy(cache):
     assert d.tokens[0] == 6 and d.parents[0] == -1 and d.scores[0] == 1.0
     assert d.num_nodes == len(d.tokens) >= 2
     cache.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64, ">i4"],
+)
+def test_extend_ndarray_takes_any_integer_dtype(dtype):
+    def cache_after(extend):
+        c = LookaheadCache(max_depth=4, background_indexing=False)
+        c.start_request(1, np.array([5, 6, 7, 5, 6, 8], dtype=dtype))
+        extend(c)
+        return c.draft(1, budget=4)
+
+    want = cache_after(lambda c: c.extend(1, [5, 6, 7]))
+    arrays = (
+        np.array([5, 6, 7], dtype=dtype),
+        np.array([7, 0, 6, 0, 5], dtype=dtype)[::-2],  # strided, reversed
+    )
+    for arr in arrays:
+        got = cache_after(lambda c, arr=arr: c.extend_ndarray(1, arr))
+        assert got.tokens.tolist() == want.tokens.tolist()
+        assert got.parents.tolist() == want.parents.tolist()
+        assert got.scores.tolist() == want.scores.tolist()
+
+
+def test_torch_tensors_are_token_ids(cache):
+    torch = pytest.importorskip("torch")
+    want = LookaheadCache(max_depth=4, background_indexing=False)
+    want.start_request(1, [5, 6, 7, 5, 6, 8])
+    want.extend(1, [5, 6])
+    cache.extend(1, torch.tensor([5, 6]))
+    assert cache.draft(1).tokens.tolist() == want.draft(1).tokens.tolist()
+    cache.start_request(2, torch.tensor([1, 2, 3], dtype=torch.int32))
+    for bad, match in (
+        (torch.tensor([True]), "integers"),
+        (torch.tensor([1.0]), "integers"),
+        (torch.tensor([-1]), ">= 0"),
+        (torch.zeros(2, 2, dtype=torch.long), "1-D"),
+    ):
+        with pytest.raises(InvalidInput, match=match):
+            cache.extend(1, bad)
+
+
+def test_step_is_extend_then_draft():
+    rng = np.random.default_rng(3)
+    a = LookaheadCache(max_depth=5, background_indexing=False)
+    b = LookaheadCache(max_depth=5, background_indexing=False)
+    history = rng.integers(0, 20, size=300)
+    for c in (a, b):
+        c.add_history([history])
+    prompt = rng.integers(0, 20, size=50)
+    for rid in range(4):
+        a.start_request(rid, prompt)
+        b.start_request(rid, prompt)
+    for i in range(200):
+        rid, budget, multi = i % 4, int(rng.integers(1, 20)), bool(i % 3)
+        new = rng.integers(0, 20, size=int(rng.integers(0, 5))).tolist()
+        got = a.step(rid, new, budget=budget, multi_branch=multi)
+        b.extend(rid, new)
+        want = b.draft(rid, budget=budget, multi_branch=multi)
+        assert got.num_nodes == want.num_nodes
+        assert got.tokens.tolist() == want.tokens.tolist()
+        assert got.parents.tolist() == want.parents.tolist()
+        assert got.scores.tolist() == want.scores.tolist()
+    assert a.stats() == b.stats()
+    with pytest.raises(UnknownRequest):
+        a.step(9, [1])
+
+
+def test_draft_objects(cache):
+    import copy
+    import pickle
+
+    d = cache.draft(1, budget=3)
+    assert isinstance(d, Draft)
+    with pytest.raises(AttributeError):
+        d.num_nodes = 5
+    for e in (pickle.loads(pickle.dumps(d)), copy.copy(d)):
+        assert isinstance(e, Draft) and e.num_nodes == d.num_nodes
+        assert e.tokens.tolist() == d.tokens.tolist() and e.scores.dtype == np.float32
+    assert repr(d).startswith("Draft(tokens=array([8]") and repr(d).endswith("num_nodes=1)")
+    row = cache.draft_batch([1], budget=3).row(0)
+    assert isinstance(row, Draft) and row.tokens.tolist() == d.tokens.tolist()
 
 
 def test_draft_follows_the_prompt_and_empty_draft(cache):

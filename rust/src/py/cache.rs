@@ -6,11 +6,12 @@ use std::time::Instant;
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+use pyo3::types::PyDict;
 
+use super::args;
+use super::draft::{to_py, PyDraft};
 use super::errors::to_pyerr;
-use crate::cache::{panic_message, Cache, Config, RequestId};
-use crate::draft::DraftTree;
+use crate::cache::{panic_message, Cache, Config};
 use crate::error::{Error, Result};
 use crate::trie::Trie;
 
@@ -25,42 +26,6 @@ fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T> + Send) -> PyResul
         })
     })
     .map_err(|e| to_pyerr(py, e))
-}
-
-fn rid_of(py: Python<'_>, rid: &Bound<'_, PyAny>) -> PyResult<RequestId> {
-    if rid.is_instance_of::<PyBool>() {
-        return Err(to_pyerr(
-            py,
-            Error::InvalidInput("request id must be an int or a str, got a bool".into()),
-        ));
-    }
-    if rid.is_instance_of::<PyInt>() {
-        return rid.extract::<i64>().map(RequestId::Int).map_err(|_| {
-            to_pyerr(
-                py,
-                Error::InvalidInput(format!("request id {rid} does not fit in 64 bits")),
-            )
-        });
-    }
-    if rid.is_instance_of::<PyString>() {
-        return Ok(RequestId::Str(rid.extract::<String>()?));
-    }
-    let ty = rid.get_type().name()?;
-    Err(to_pyerr(
-        py,
-        Error::InvalidInput(format!("request id must be an int or a str, got {ty}")),
-    ))
-}
-
-type DraftArrays<'py> = (
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<f32>>,
-);
-
-fn tokens_i32(t: &[u32]) -> Vec<i32> {
-    // Ids >= 2**31 keep their bit pattern (view the array as uint32 to read them back).
-    t.iter().map(|&x| x as i32).collect()
 }
 
 #[pyclass(name = "Cache", module = "lookahead._core", frozen)]
@@ -115,22 +80,29 @@ impl PyCache {
         &self,
         py: Python<'_>,
         rid: &Bound<'_, PyAny>,
-        prompt: PyReadonlyArray1<'_, u32>,
-        namespace: &str,
+        prompt: &Bound<'_, PyAny>,
+        namespace: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let rid = rid_of(py, rid)?;
-        let prompt = prompt.as_array().to_vec();
-        run(py, || self.inner.start_request(rid, prompt, namespace))
+        let prompt = args::token_ids(prompt, "prompt_ids")?;
+        if prompt.is_empty() {
+            return Err(to_pyerr(
+                py,
+                Error::InvalidInput("prompt_ids must hold at least one token".into()),
+            ));
+        }
+        let rid = args::rid(rid)?;
+        let namespace = args::namespace(namespace)?;
+        run(py, || self.inner.start_request(rid, prompt, &namespace))
     }
 
     fn extend(
         &self,
         py: Python<'_>,
         rid: &Bound<'_, PyAny>,
-        tokens: PyReadonlyArray1<'_, u32>,
+        tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let rid = rid_of(py, rid)?;
-        let tokens = tokens.as_array().to_vec();
+        let rid = args::rid(rid)?;
+        let tokens = args::token_ids(tokens, "new_token_ids")?;
         run(py, || self.inner.extend(&rid, &tokens))
     }
 
@@ -138,16 +110,35 @@ impl PyCache {
         &self,
         py: Python<'py>,
         rid: &Bound<'_, PyAny>,
-        budget: usize,
-        multi_branch: bool,
-    ) -> PyResult<DraftArrays<'py>> {
-        let rid = rid_of(py, rid)?;
-        let d: DraftTree = run(py, || self.inner.draft(&rid, budget, multi_branch))?;
-        Ok((
-            PyArray1::from_vec(py, tokens_i32(&d.tokens)),
-            PyArray1::from_vec(py, d.parents),
-            PyArray1::from_vec(py, d.scores),
-        ))
+        budget: &Bound<'_, PyAny>,
+        multi_branch: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyDraft>> {
+        let rid = args::rid(rid)?;
+        let budget = args::budget(budget)?;
+        let multi_branch = multi_branch.is_truthy()?;
+        let d = run(py, || self.inner.draft(&rid, budget, multi_branch))?;
+        to_py(py, &d)
+    }
+
+    /// `extend` then `draft` in one call (one GIL release); nothing is extended when an
+    /// argument is bad.
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        rid: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        budget: &Bound<'_, PyAny>,
+        multi_branch: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyDraft>> {
+        let rid = args::rid(rid)?;
+        let tokens = args::token_ids(tokens, "new_token_ids")?;
+        let budget = args::budget(budget)?;
+        let multi_branch = multi_branch.is_truthy()?;
+        let d = run(py, || {
+            self.inner.extend(&rid, &tokens)?;
+            self.inner.draft(&rid, budget, multi_branch)
+        })?;
+        to_py(py, &d)
     }
 
     /// Returns (tokens [B, W], parents [B, W], scores [B, W], num_nodes [B]), W = budget + 1.
@@ -157,8 +148,8 @@ impl PyCache {
         &self,
         py: Python<'py>,
         rids: Vec<Bound<'py, PyAny>>,
-        budget: usize,
-        multi_branch: bool,
+        budget: &Bound<'py, PyAny>,
+        multi_branch: &Bound<'py, PyAny>,
         threads: usize,
     ) -> PyResult<(
         Bound<'py, PyArray2<i32>>,
@@ -166,10 +157,9 @@ impl PyCache {
         Bound<'py, PyArray2<f32>>,
         Bound<'py, PyArray1<i32>>,
     )> {
-        let ids = rids
-            .iter()
-            .map(|r| rid_of(py, r))
-            .collect::<PyResult<Vec<_>>>()?;
+        let ids = rids.iter().map(args::rid).collect::<PyResult<Vec<_>>>()?;
+        let budget = args::budget(budget)?;
+        let multi_branch = multi_branch.is_truthy()?;
         let b = ids.len();
         let w = budget.saturating_add(1);
         let (tok, par, sc, num) = run(py, || {
@@ -207,18 +197,23 @@ impl PyCache {
         rid: &Bound<'_, PyAny>,
         keep_prompt: Option<bool>,
     ) -> PyResult<()> {
-        let rid = rid_of(py, rid)?;
+        let rid = args::rid(rid)?;
         run(py, || self.inner.finish_request(&rid, keep_prompt))
     }
 
     fn add_history(
         &self,
         py: Python<'_>,
-        corpus: Vec<PyReadonlyArray1<'_, u32>>,
-        namespace: &str,
+        corpus: Vec<Bound<'_, PyAny>>,
+        namespace: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let texts: Vec<Vec<u32>> = corpus.iter().map(|a| a.as_array().to_vec()).collect();
-        run(py, || self.inner.add_history(&texts, namespace))
+        let texts = corpus
+            .iter()
+            .enumerate()
+            .map(|(i, t)| args::token_ids(t, &format!("corpus[{i}]")))
+            .collect::<PyResult<Vec<_>>>()?;
+        let namespace = args::namespace(namespace)?;
+        run(py, || self.inner.add_history(&texts, &namespace))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -269,10 +264,7 @@ impl PyCache {
         multi_branch: bool,
         iters: usize,
     ) -> PyResult<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u64>>, f64)> {
-        let ids = rids
-            .iter()
-            .map(|r| rid_of(py, r))
-            .collect::<PyResult<Vec<_>>>()?;
+        let ids = rids.iter().map(args::rid).collect::<PyResult<Vec<_>>>()?;
         if ids.is_empty() {
             return Err(to_pyerr(py, Error::InvalidInput("rids is empty".into())));
         }

@@ -1,7 +1,9 @@
-//! The PyO3 binding layer: module `lookahead._core`. The Python wrapper
-//! (python/lookahead/cache.py) validates arguments and shapes the results.
+//! The PyO3 binding layer: module `lookahead._core`. Arguments are checked and converted here
+//! (`args.rs`), so the Python wrapper (python/lookahead/cache.py) passes them straight through.
 
+mod args;
 mod cache;
+mod draft;
 mod errors;
 
 use pyo3::prelude::*;
@@ -9,6 +11,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cache::PyCache>()?;
+    m.add_class::<draft::PyDraft>()?;
     m.add_function(wrap_pyfunction!(errors::_error_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(errors::_raise_error, m)?)?;
     m.add_function(wrap_pyfunction!(cache::_panic_for_test, m)?)?;

@@ -1,0 +1,251 @@
+//! Arguments from Python: token ids, request ids, budgets, namespaces. Every check happens here,
+//! once, and a bad value raises `lookahead.InvalidInput` with the argument's name.
+//!
+//! Token ids come as a list or tuple of ints (the engine's per-step case: ~20 ns per token), a
+//! 1-D numpy array of any integer dtype (read in place, strided or not, one pass that converts
+//! and range-checks), a torch tensor (`.detach().cpu().numpy()`), or another sequence of ints.
+
+use numpy::{
+    Element, PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PySequence, PyString, PyTuple, PyType};
+
+use super::errors::to_pyerr;
+use crate::cache::{RequestId, MAX_BUDGET};
+use crate::error::Error;
+
+fn invalid(py: Python<'_>, msg: String) -> PyErr {
+    to_pyerr(py, Error::InvalidInput(msg))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// `numpy.integer`, the base class of numpy's integer scalars.
+fn numpy_integer(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static CLASS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    CLASS.import(py, "numpy", "integer")
+}
+
+/// An int other than a bool: Python's (or a subclass) or a numpy integer scalar.
+fn is_int(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if obj.is_exact_instance_of::<PyInt>() {
+        return Ok(true);
+    }
+    if obj.is_instance_of::<PyBool>() {
+        return Ok(false);
+    }
+    Ok(obj.is_instance_of::<PyInt>() || obj.is_instance(numpy_integer(obj.py())?)?)
+}
+
+/// A request id: an int (64-bit; numpy integers too) or a str. Bools are refused.
+pub fn rid(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
+    let py = obj.py();
+    if let Ok(s) = obj.cast_exact::<PyString>() {
+        return Ok(RequestId::Str(s.to_cow()?.into_owned()));
+    }
+    if is_int(obj)? {
+        return obj
+            .extract::<i64>()
+            .map(RequestId::Int)
+            .map_err(|_| invalid(py, format!("request id {obj} does not fit in 64 bits")));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(RequestId::Str(s.to_cow()?.into_owned()));
+    }
+    let what = if obj.is_instance_of::<PyBool>() {
+        "a bool".to_owned()
+    } else {
+        type_name(obj)
+    };
+    Err(invalid(
+        py,
+        format!("request id must be an int or a str, got {what}"),
+    ))
+}
+
+/// A draft budget: an int in `[1, MAX_BUDGET]`.
+pub fn budget(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let py = obj.py();
+    if !is_int(obj)? {
+        return Err(invalid(
+            py,
+            format!("budget must be an int, got {}", type_name(obj)),
+        ));
+    }
+    match obj.extract::<i64>() {
+        Ok(b) if (1..=MAX_BUDGET as i64).contains(&b) => Ok(b as usize),
+        _ => Err(invalid(
+            py,
+            format!("budget must be in [1, {MAX_BUDGET}], got {obj}"),
+        )),
+    }
+}
+
+/// A namespace name.
+pub fn namespace(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    match obj.cast::<PyString>() {
+        Ok(s) => Ok(s.to_cow()?.into_owned()),
+        Err(_) => Err(invalid(
+            obj.py(),
+            format!("namespace must be a str, got {}", type_name(obj)),
+        )),
+    }
+}
+
+/// Token ids in `[0, 2**32)`, from any of the inputs the module docs list; `what` names the
+/// argument in errors.
+pub fn token_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
+    let py = obj.py();
+    if let Ok(list) = obj.cast_exact::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            out.push(token_id(&item, what)?);
+        }
+        return Ok(out);
+    }
+    if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
+        let mut out = Vec::with_capacity(tuple.len());
+        for item in tuple.iter() {
+            out.push(token_id(&item, what)?);
+        }
+        return Ok(out);
+    }
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        return array_ids(arr, what);
+    }
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(not_a_sequence(py, what));
+    }
+    if obj.hasattr("detach")? && obj.hasattr("numpy")? {
+        // A torch tensor (any device): its CPU copy as a numpy array.
+        let arr = obj
+            .call_method0("detach")?
+            .call_method0("cpu")?
+            .call_method0("numpy")?;
+        return token_ids(&arr, what);
+    }
+    match obj.cast::<PySequence>() {
+        Ok(seq) if obj.hasattr("__len__")? => {
+            let mut out = Vec::with_capacity(seq.len()?);
+            for item in obj.try_iter()? {
+                out.push(token_id(&item?, what)?);
+            }
+            Ok(out)
+        }
+        _ => Err(not_a_sequence(py, what)),
+    }
+}
+
+fn not_a_sequence(py: Python<'_>, what: &str) -> PyErr {
+    invalid(
+        py,
+        format!("{what} must be a sequence of ints or a 1-D integer array"),
+    )
+}
+
+fn out_of_range(py: Python<'_>, what: &str, v: impl std::fmt::Display, negative: bool) -> PyErr {
+    if negative {
+        invalid(py, format!("{what} must be >= 0, got {v}"))
+    } else {
+        invalid(py, format!("{what} must be < 2**32, got {v}"))
+    }
+}
+
+/// One element of a list, tuple or other sequence.
+fn token_id(item: &Bound<'_, PyAny>, what: &str) -> PyResult<u32> {
+    let py = item.py();
+    if !is_int(item)? {
+        let got = if item.is_instance_of::<PyBool>() {
+            "a bool".to_owned()
+        } else if item.cast::<PyList>().is_ok() || item.cast::<PyTuple>().is_ok() {
+            return Err(invalid(
+                py,
+                format!("{what} must be 1-D, got a nested {}", type_name(item)),
+            ));
+        } else {
+            type_name(item)
+        };
+        return Err(invalid(py, format!("{what} must be integers, got {got}")));
+    }
+    match item.extract::<i64>() {
+        Ok(v) => u32::try_from(v).map_err(|_| out_of_range(py, what, v, v < 0)),
+        // Beyond 64 bits: only the sign matters for the message.
+        Err(_) => Err(out_of_range(py, what, item, item.lt(0)?)),
+    }
+}
+
+/// A 1-D numpy integer array of any dtype and strides, converted and checked in one pass.
+fn array_ids(arr: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Vec<u32>> {
+    let py = arr.py();
+    if arr.ndim() != 1 {
+        let shape = arr.getattr("shape")?;
+        return Err(invalid(
+            py,
+            format!("{what} must be 1-D, got shape {shape}"),
+        ));
+    }
+    let dtype = arr.dtype();
+    let kind = dtype.kind();
+    if kind != b'i' && kind != b'u' {
+        return Err(invalid(
+            py,
+            format!("{what} must be integers, got dtype {dtype}"),
+        ));
+    }
+    if dtype.is_native_byteorder() == Some(false) {
+        let native = arr.call_method1("astype", (dtype.call_method1("newbyteorder", ("=",))?,))?;
+        return token_ids(&native, what);
+    }
+    match (kind, dtype.itemsize()) {
+        (b'u', 4) => match arr.cast::<PyArray1<u32>>()?.to_vec() {
+            Ok(v) => Ok(v), // contiguous: one copy, nothing to check
+            Err(_) => convert::<u32>(arr, what),
+        },
+        (b'i', 4) => convert::<i32>(arr, what),
+        (b'i', 8) => convert::<i64>(arr, what),
+        (b'u', 8) => convert::<u64>(arr, what),
+        (b'i', 2) => convert::<i16>(arr, what),
+        (b'u', 2) => convert::<u16>(arr, what),
+        (b'i', 1) => convert::<i8>(arr, what),
+        (b'u', 1) => convert::<u8>(arr, what),
+        _ => Err(invalid(
+            py,
+            format!("{what} must be integers of at most 64 bits, got dtype {dtype}"),
+        )),
+    }
+}
+
+fn convert<T: Element + Copy + Into<i128>>(
+    arr: &Bound<'_, PyUntypedArray>,
+    what: &str,
+) -> PyResult<Vec<u32>> {
+    let py = arr.py();
+    let arr = arr.cast::<PyArray1<T>>()?;
+    // SAFETY: we read the elements while holding the GIL and no Rust code holds a mutable
+    // borrow of a caller's array (this module never writes to one), so the view aliases no
+    // `&mut`. This skips rust-numpy's borrow registry, which costs more than the copy.
+    let view = unsafe { arr.as_array() };
+    let mut out = Vec::with_capacity(view.len());
+    let (mut lo, mut hi) = (0i128, 0i128);
+    for &x in view.iter() {
+        let v: i128 = x.into();
+        lo = lo.min(v);
+        hi = hi.max(v);
+        out.push(v as u32);
+    }
+    // Checked after the pass (one branch per element less); the message names the extreme.
+    if lo < 0 {
+        return Err(out_of_range(py, what, lo, true));
+    }
+    if hi > u32::MAX as i128 {
+        return Err(out_of_range(py, what, hi, false));
+    }
+    Ok(out)
+}
