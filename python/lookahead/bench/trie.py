@@ -10,7 +10,10 @@ Measures, on this machine:
 - the same budget-16 drafts while another thread indexes 32k-token prompts without pause;
 - for core timings also thread-CPU time per call (the cost without preemption: on a shared,
   oversubscribed machine wall-clock tails mostly measure the scheduler);
-- bytes per stored node and per indexed prompt token.
+- bytes per stored node and per indexed prompt token;
+- with `--peers`, next to the peers' rows: our cost per decoding step through the Python API
+  (`extend` + `draft`, and the fused `step`) at 1k / 8k / 32k-token contexts, beside vLLM's
+  n-gram scan over the same contexts (`lookahead.bench.peers.hostcost`).
 
 Data: the Spec-Bench questions (`--data`, default /work/shared/data/spec_bench/question.jsonl,
 else the packaged sample) tokenized crudely (words and punctuation, ids by first appearance),
@@ -215,7 +218,7 @@ def print_rows(rows: list[dict]) -> None:
         elif r["what"] == "add_history":
             print(f"history {r['size']} nodes from {r['tokens']} tokens: {r['p50']:.0f} ns/token, "
                   f"{r['bytes_per_node']:.1f} B/node")  # fmt: skip
-        elif r["what"].startswith("draft"):
+        elif r["what"].startswith(("draft", "step")):
             kind = "tree" if r["multi_branch"] else "chain"
             tail = f"  ({r['mean_nodes']:.1f} nodes)" if "mean_nodes" in r else ""
             if "cpu_mean" in r:

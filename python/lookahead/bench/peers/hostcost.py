@@ -10,6 +10,9 @@ peer is driven through its real Python entry point, as its integration calls it:
 - SuffixDecoding: `SuffixTree.extend` (the per-request prompt tree and the global response
   tree, depth 64), `SuffixDecodingCache.speculate` on the last 64 tokens (chain and tree).
 - vLLM n-gram: the bare KMP scan over 1k / 8k / 32k-token contexts (it keeps no index).
+- Ours next to it, per decoding step through the Python API: `extend` with the step's verified
+  token and `draft` (budget 16, tree), and the fused `step`, on requests whose prompts are
+  1k / 8k / 32k-token contexts (the per-step cost must not grow with the context).
 
 Rows follow `lookahead.bench.trie`'s format; a peer that is not installed yields no rows and
 a message on stderr.
@@ -220,6 +223,49 @@ def vllm_rows(stream, context_sizes, budget, iters) -> list[dict]:
     return rows
 
 
+def ours_step_rows(stream, context_sizes, budget, iters) -> list[dict]:
+    """Our per-step host cost through the Python API: `extend(rid, [token])` + `draft`, and
+    `step`, round robin over 16 requests whose prompts are `n`-token slices of `stream`; each
+    step feeds the token that follows the request's context in `stream`."""
+    from lookahead import LookaheadCache
+
+    rows = []
+    n_req = 16
+    steps = -(-iters // n_req)
+    for n in context_sizes:
+        for path in ("ours-api", "ours-step"):
+            cache = LookaheadCache(background_indexing=False)
+            rng = np.random.default_rng(0)
+            offs = rng.integers(0, max(1, stream.size - n - steps - 1), size=n_req)
+            for r, o in enumerate(offs):
+                cache.start_request(r, stream[o : o + n])
+            # Python ints, as an engine holds its verified tokens.
+            nexts = [stream[o + n : o + n + steps].tolist() for o in offs]
+            ns = np.empty(iters, dtype=np.int64)
+            for i in range(iters):
+                r = i % n_req
+                tok = nexts[r][i // n_req : i // n_req + 1]
+                if path == "ours-api":
+                    t0 = time.perf_counter_ns()
+                    cache.extend(r, tok)
+                    cache.draft(r, budget, True)
+                else:
+                    t0 = time.perf_counter_ns()
+                    cache.step(r, tok, budget, True)
+                ns[i] = time.perf_counter_ns() - t0
+            rows.append(
+                {
+                    "what": f"step ctx {n}",
+                    "path": path,
+                    "size": budget,
+                    "multi_branch": True,
+                    "unit": "us",
+                    **_stats_us(ns),
+                }
+            )
+    return rows
+
+
 def trie_rows(texts, stream, args) -> list[dict]:
     """All peers' rows for `lookahead bench trie --peers` (`args.quick` shrinks the sizes)."""
     quick = bool(getattr(args, "quick", False))
@@ -232,6 +278,7 @@ def trie_rows(texts, stream, args) -> list[dict]:
         ("sglang", lambda: sglang_rows(stream, sizes, history, [8, 16, 32], iters)),
         ("arctic-inference", lambda: suffix_rows(stream, sizes, history, [8, 16, 32], iters)),
         ("vllm", lambda: vllm_rows(stream, sizes, 16, iters)),
+        ("lookahead", lambda: ours_step_rows(stream, sizes, 16, iters)),
     ):
         try:
             rows += fn()
