@@ -11,6 +11,9 @@ rust/README.md ("Drafting") literally:
   participating trie (weight > 0), scanning lengths from longest to shortest;
 - score(t) = (w_p * c_P/(S_P + D_P) + w_o * c_H/(S_H + D_H)) / (w_p + w_o) over the tries
   still tracked (S: sum of the continuations' counts, D: their number);
+- backoff: after the candidates of the matched n-gram p come those of p's shorter suffixes
+  (longest first), tokens continuing a longer one excluded, scaled by the escape mass left
+  (product of 1 - sum of scores over the longer levels), while that mass >= BACKOFF_MIN_MASS;
 - single branch: argmax chain (ties: smaller token); tree: best-first by path probability,
   ties by push order, children pushed best first; a node without continuations is extended by
   a fresh match on the last max_depth - 1 tokens of context + path.
@@ -22,6 +25,8 @@ import heapq
 from collections import defaultdict
 
 Counts = dict[tuple, dict[int, int]]
+
+BACKOFF_MIN_MASS = 0.2  # rust/src/draft.rs
 
 
 def _windows_into(children: Counts, text: list[int], depth: int, ends: range) -> None:
@@ -75,13 +80,28 @@ class ReferenceCache:
     def _cont(trie: Counts, p: tuple) -> dict[int, int]:
         return {t: c for t, c in trie.get(p, {}).items() if c > 0}
 
+    def _state(self, r, p):
+        tracked = tuple(w > 0 and bool(self._cont(trie, p)) for trie, w in self._tries(r))
+        return (p, tracked) if any(tracked) else None
+
     def _match(self, r, ctx):
         for k in range(min(len(ctx), self.depth - 1), 0, -1):
-            p = tuple(ctx[-k:])
-            tracked = tuple(w > 0 and bool(self._cont(trie, p)) for trie, w in self._tries(r))
-            if any(tracked):
-                return p, tracked
+            st = self._state(r, tuple(ctx[-k:]))
+            if st is not None:
+                return st
         return None
+
+    def _mass(self, r, state):
+        """Sum of the scores of all continuations of `state`, computed as the core does."""
+        p, tracked = state
+        terms, wsum = [], 0.0
+        for (trie, w), on in zip(self._tries(r), tracked):
+            c = self._cont(trie, p) if on else {}
+            if c:
+                s = sum(c.values())
+                terms.append(w * s / float(s + len(c)))
+                wsum += w
+        return sum(terms) / wsum if wsum else 0.0
 
     def _candidates(self, r, state):
         p, tracked = state
@@ -103,11 +123,27 @@ class ReferenceCache:
 
     def _expand(self, r, path_tokens, state, is_root):
         cands = self._candidates(r, state) if state is not None else []
-        if cands or is_root:
+        if not cands and not is_root:
+            buf = (r["ctx"] + path_tokens)[-(self.depth - 1) :]
+            state = self._match(r, buf)
+            cands = self._candidates(r, state) if state is not None else []
+        if not cands:
             return cands
-        buf = (r["ctx"] + path_tokens)[-(self.depth - 1) :]
-        st = self._match(r, buf)
-        return self._candidates(r, st) if st is not None else []
+        p = state[0]
+        seen = {t for _, t, _ in cands}
+        left = 1.0 - self._mass(r, state)
+        for k in range(len(p) - 1, 0, -1):
+            if left < BACKOFF_MIN_MASS:
+                break
+            st = self._state(r, p[-k:])
+            if st is None:
+                continue
+            lower = self._candidates(r, st)
+            cands += [(s * left, t, c) for s, t, c in lower if t not in seen]
+            seen |= {t for _, t, _ in lower}
+            left *= 1.0 - self._mass(r, st)
+        cands.sort(key=lambda x: (-x[0], x[1]))
+        return cands
 
     def draft(self, rid, budget=16, multi_branch=True):
         """(tokens, parents, scores) lists, node 0 = last context token."""

@@ -13,15 +13,23 @@
 //! `S_X(p) > 0`. `D` is Witten-Bell's escape mass: the chance that `p` continues with a token
 //! never seen after it, high for rare n-grams (a count-1 match scores 1/2, not 1), so the
 //! best-first tree spreads over siblings near the root instead of betting the whole budget on
-//! one long chain of a once-seen n-gram. Scores of one state sum to `< 1`; a draft node's
-//! score is the product of the scores along its path (its estimated probability). Children with count 0 (decayed by eviction) are not candidates. Ties are
-//! broken by token id (smaller first) and, in the tree, by the order candidates were pushed.
+//! one long chain of a once-seen n-gram. Scores of one state sum to `< 1`; what is left (the
+//! escape mass) goes to the continuations of shorter suffixes (`BACKOFF_MIN_MASS`). A draft
+//! node's score is the product of the scores along its path (its estimated probability).
+//! Children with count 0 (decayed by eviction) are not candidates. Ties are broken by token
+//! id (smaller first) and, in the tree, by the order candidates were pushed.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::arena::NONE;
 use crate::trie::{Side, Trie};
+
+/// Backoff: after the candidates of the matched n-gram `p`, those of its shorter suffixes
+/// join (tokens already continuing a longer suffix excluded), each scaled by the escape mass
+/// left, `prod (1 - sum of scores)` over the longer levels, while that mass is at least this.
+/// Only ever adds or reorders low-ranked alternatives; simulator, B = 16: see rust/README.md.
+pub const BACKOFF_MIN_MASS: f64 = 0.2;
 
 /// (prompt-trie node, history-trie node, n-gram length); a node is `NONE` where that trie
 /// does not continue the n-gram.
@@ -68,6 +76,8 @@ pub struct Scratch {
     /// Fresh-match states already scored: (state, room asked, best-first list).
     memo: Vec<(State, usize, Vec<Cand>)>,
     buf: Vec<u32>,
+    lower: Vec<Cand>,
+    levels: Vec<State>,
 }
 
 struct Item {
@@ -200,22 +210,35 @@ impl Sources<'_> {
     /// `room` fits, only those are scored (plus the other trie's counts of the same tokens),
     /// and the result is kept if its `room`-th score beats the best score any unranked child
     /// could reach (threshold algorithm); otherwise every child is scored.
-    pub fn candidates(&self, st: State, room: usize, scratch: &mut Scratch, out: &mut Vec<Cand>) {
-        if room == 0 || !self.ranked_candidates(st, room, scratch, out) {
-            self.all_candidates(st, room, scratch, out);
-        }
+    ///
+    /// Returns the sum of the scores of ALL of `st`'s candidates (not only those kept).
+    pub fn candidates(
+        &self,
+        st: State,
+        room: usize,
+        scratch: &mut Scratch,
+        out: &mut Vec<Cand>,
+    ) -> f64 {
+        let ranked = if room == 0 {
+            None
+        } else {
+            self.ranked_candidates(st, room, scratch, out)
+        };
+        let mass = ranked.unwrap_or_else(|| self.all_candidates(st, room, scratch, out));
         for c in out.iter_mut() {
             c.child[2] = st[2] + 1;
         }
+        mass
     }
 
+    /// `None`: the ranked children do not settle the answer, score them all.
     fn ranked_candidates(
         &self,
         st: State,
         room: usize,
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
-    ) -> bool {
+    ) -> Option<f64> {
         let tries = self.tries();
         let live = |x: usize| tries[x].0.filter(|_| tries[x].1 > 0.0 && st[x] != NONE);
         let mut ranked: [Option<&Side>; 2] = [None, None];
@@ -227,7 +250,7 @@ impl Sources<'_> {
             }
         }
         if ranked.iter().all(Option::is_none) {
-            return false;
+            return None;
         }
         out.clear();
         let raw = &mut scratch.raw;
@@ -286,7 +309,7 @@ impl Sources<'_> {
         }
         let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
         if out.len() < room {
-            return false;
+            return None;
         }
         out.select_nth_unstable_by(room - 1, better);
         out.truncate(room);
@@ -299,7 +322,22 @@ impl Sources<'_> {
         if sums[1] > 0 && ranked[1].is_some() {
             limit += wo * f64::from(bound[1]) / dens[1];
         }
-        out[room - 1].score > limit / wsum
+        (out[room - 1].score > limit / wsum).then(|| Self::mass(sums, dens, wp, wo, wsum))
+    }
+
+    /// Sum of the scores of all children of a state (`1 - mass` is its escape mass).
+    fn mass(sums: [u64; 2], dens: [f64; 2], wp: f64, wo: f64, wsum: f64) -> f64 {
+        let a = if wp > 0.0 {
+            wp * sums[0] as f64 / dens[0]
+        } else {
+            0.0
+        };
+        let b = if wo > 0.0 {
+            wo * sums[1] as f64 / dens[1]
+        } else {
+            0.0
+        };
+        (a + b) / wsum
     }
 
     /// Weights of the participating tries and their score denominators `S + D`.
@@ -329,7 +367,13 @@ impl Sources<'_> {
         }
     }
 
-    fn all_candidates(&self, st: State, room: usize, scratch: &mut Scratch, out: &mut Vec<Cand>) {
+    fn all_candidates(
+        &self,
+        st: State,
+        room: usize,
+        scratch: &mut Scratch,
+        out: &mut Vec<Cand>,
+    ) -> f64 {
         out.clear();
         // (token, count in prompt, count in history, child in prompt, child in history)
         let raw = &mut scratch.raw;
@@ -355,7 +399,7 @@ impl Sources<'_> {
             }
         }
         if raw.is_empty() {
-            return;
+            return 0.0;
         }
         if sums[0] > 0 && sums[1] > 0 {
             // Both tries continue: merge entries of the same token.
@@ -375,20 +419,23 @@ impl Sources<'_> {
             i += 1;
             out.push(Self::score(&r, dens, wp, wo, wsum));
         }
+        let mass = Self::mass(sums, dens, wp, wo, wsum);
         let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
         if room < out.len() {
             if room == 0 {
                 out.clear();
-                return;
+                return mass;
             }
             out.select_nth_unstable_by(room - 1, better);
             out.truncate(room);
         }
         out.sort_unstable_by(better);
+        mass
     }
 
     /// Continuations of draft node `i` of `tree`: those of its state, or, where that state
-    /// has none (a window's end), those of a fresh match on context + path to `i`.
+    /// has none (a window's end), those of a fresh match on context + path to `i`; then the
+    /// backoff levels (see `BACKOFF_MIN_MASS`). Best first, at most `room`.
     #[allow(clippy::too_many_arguments)]
     fn expand(
         &self,
@@ -400,15 +447,54 @@ impl Sources<'_> {
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
     ) {
+        out.clear();
+        if room == 0 {
+            return;
+        }
+        let mut level = None;
         if let Some(st) = st {
-            self.candidates(st, room, scratch, out);
-            if !out.is_empty() || i == 0 {
+            let mass = self.candidates(st, room, scratch, out);
+            if !out.is_empty() {
+                level = Some((st, mass));
+            } else if i == 0 {
                 return;
             }
         }
-        // The last `max_depth - 1` tokens of context + path to `i`, collected backwards.
-        let keep = self.max_depth.saturating_sub(1);
+        if let Some((st, mass)) = level {
+            if 1.0 - mass < BACKOFF_MIN_MASS || st[2] <= 1 {
+                return;
+            }
+        }
         let mut buf = std::mem::take(&mut scratch.buf);
+        Self::path_tail(ctx, tree, i, self.max_depth.saturating_sub(1), &mut buf);
+        let mut memo_key = None;
+        if level.is_none() {
+            let Some(st) = self.match_hinted(&buf, st) else {
+                scratch.buf = buf;
+                return;
+            };
+            // Fresh matches of one draft often land on the same (short) suffix: reuse its list
+            // when it was computed for at least `room` entries (or was complete).
+            if let Some((_, want, cands)) = scratch.memo.iter().find(|m| m.0 == st) {
+                if *want >= room || cands.len() < *want {
+                    out.extend(cands.iter().take(room).copied());
+                    scratch.buf = buf;
+                    return;
+                }
+            }
+            level = Some((st, self.candidates(st, room, scratch, out)));
+            memo_key = Some(st);
+        }
+        let (st, mass) = level.expect("set above");
+        self.back_off(&buf, st, mass, room, scratch, out);
+        scratch.buf = buf;
+        if let Some(st) = memo_key {
+            scratch.memo.push((st, room, out.clone()));
+        }
+    }
+
+    /// The last `keep` tokens of context + path to node `i`, into `buf`.
+    fn path_tail(ctx: &[u32], tree: &DraftTree, i: usize, keep: usize, buf: &mut Vec<u32>) {
         buf.clear();
         let mut j = i;
         while j != 0 && buf.len() < keep {
@@ -418,23 +504,78 @@ impl Sources<'_> {
         let from_ctx = (keep - buf.len()).min(ctx.len());
         buf.extend(ctx[ctx.len() - from_ctx..].iter().rev());
         buf.reverse();
-        let matched = self.match_hinted(&buf, st);
-        scratch.buf = buf;
-        let Some(st) = matched else {
-            out.clear();
+    }
+
+    /// Adds to `out` (the candidates of `st`, a suffix of `buf`, whose scores sum to `mass`)
+    /// those of `st`'s shorter suffixes, tokens already continuing a longer one excluded,
+    /// scaled by the escape mass left, while it is at least `BACKOFF_MIN_MASS`; keeps the
+    /// best `room`.
+    fn back_off(
+        &self,
+        buf: &[u32],
+        st: State,
+        mass: f64,
+        room: usize,
+        scratch: &mut Scratch,
+        out: &mut Vec<Cand>,
+    ) {
+        let mut left = 1.0 - mass;
+        if left < BACKOFF_MIN_MASS || st[2] <= 1 {
             return;
-        };
-        // Fresh matches of one draft often land on the same (short) suffix: reuse its list
-        // when it was computed for at least `room` entries (or was complete).
-        if let Some((_, want, cands)) = scratch.memo.iter().find(|m| m.0 == st) {
-            if *want >= room || cands.len() < *want {
-                out.clear();
-                out.extend(cands.iter().take(room).copied());
-                return;
-            }
         }
-        self.candidates(st, room, scratch, out);
-        scratch.memo.push((st, room, out.clone()));
+        let mut levels = std::mem::take(&mut scratch.levels);
+        let mut lower = std::mem::take(&mut scratch.lower);
+        levels.clear();
+        levels.push(st);
+        let mut cur = st;
+        let mut added = false;
+        while left >= BACKOFF_MIN_MASS && cur[2] > 1 {
+            let Some(next) = (1..cur[2] as usize)
+                .rev()
+                .find_map(|k| self.probe(buf, k, Some(cur)))
+            else {
+                break;
+            };
+            // Ask for more than `room` when excluded tokens crowd the top of the list.
+            let mut want = room;
+            let next_mass = loop {
+                let m = self.candidates(next, want, scratch, &mut lower);
+                let complete = lower.len() < want;
+                lower.retain(|c| !levels.iter().any(|&l| self.continues(l, c.token)));
+                if lower.len() >= room || complete {
+                    break m;
+                }
+                want = want.saturating_mul(2);
+            };
+            for c in lower.iter().take(room) {
+                out.push(Cand {
+                    score: c.score * left,
+                    ..*c
+                });
+                added = true;
+            }
+            left *= 1.0 - next_mass;
+            levels.push(next);
+            cur = next;
+        }
+        if added {
+            let better =
+                |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
+            out.sort_by(better);
+            out.truncate(room);
+        }
+        scratch.levels = levels;
+        scratch.lower = lower;
+    }
+
+    /// Whether a participating trie continues state `st` with `token` (count > 0).
+    fn continues(&self, st: State, token: u32) -> bool {
+        self.tries().into_iter().enumerate().any(|(x, (t, w))| {
+            t.filter(|_| w > 0.0 && st[x] != NONE).is_some_and(|t| {
+                let n = t.find_child(st[x], token);
+                n != NONE && t.node(n).count > 0
+            })
+        })
     }
 
     /// Drafts up to `budget` nodes after `ctx` (non-empty; only its last `max_depth - 1`
@@ -636,6 +777,24 @@ mod tests {
             }
         }
         assert!(p.side(crate::trie::ROOT).is_some() && h.side(crate::trie::ROOT).is_some());
+    }
+
+    #[test]
+    fn shorter_suffixes_back_off_with_the_escape_mass() {
+        // After "1 2": 3 (once: 1/2, escape 1/2). After "2": 3, 4, 5 once each (1/6 each);
+        // 3 is excluded, 4 and 5 join at 1/2 * 1/6.
+        let p = trie(&[&[1, 2, 3, 9, 2, 4, 7, 2, 5]], 3);
+        let d = src(Some(&p), None, 3).draft(&[1, 2], 8, true);
+        let root_kids: Vec<(u32, f32)> = (1..d.num_nodes())
+            .filter(|&i| d.parents[i] == 0)
+            .map(|i| (d.tokens[i], d.scores[i]))
+            .collect();
+        let twelfth = (0.5f64 * (1.0 / 6.0)) as f32;
+        assert_eq!(root_kids, vec![(3, 0.5), (4, twelfth), (5, twelfth)]);
+        // A one-token match has no shorter suffix: no backoff.
+        let d = src(Some(&p), None, 3).draft(&[4], 8, true);
+        assert_eq!(d.tokens[1], 7);
+        assert!(d.parents[1..].iter().filter(|&&q| q == 0).count() == 1);
     }
 
     #[test]
