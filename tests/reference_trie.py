@@ -13,7 +13,9 @@ rust/README.md ("Drafting") literally:
   still tracked (S: sum of the continuations' counts, D: their number);
 - backoff: after the candidates of the matched n-gram p come those of p's shorter suffixes
   (longest first), tokens continuing a longer one excluded, scaled by the escape mass left
-  (product of 1 - sum of scores over the longer levels), while that mass >= BACKOFF_MIN_MASS;
+  (product of 1 - sum of scores over the longer levels), while that mass >= BACKOFF_MIN_MASS,
+  at most BACKOFF_PER_LEVEL per level, chosen among each trie's BACKOFF_TOP best
+  continuations (count desc, token asc);
 - single branch: argmax chain (ties: smaller token); tree: best-first by path probability,
   ties by push order, children pushed best first; a node without continuations is extended by
   a fresh match on the last max_depth - 1 tokens of context + path.
@@ -27,6 +29,9 @@ from collections import defaultdict
 Counts = dict[tuple, dict[int, int]]
 
 BACKOFF_MIN_MASS = 0.2  # rust/src/draft.rs
+BACKOFF_PER_LEVEL = 4
+SIDE_AT = 8  # rust/src/trie.rs: nodes with more children rank them (a side table)
+BACKOFF_TOP = SIDE_AT
 
 
 def _windows_into(children: Counts, text: list[int], depth: int, ends: range) -> None:
@@ -103,7 +108,8 @@ class ReferenceCache:
                 wsum += w
         return sum(terms) / wsum if wsum else 0.0
 
-    def _candidates(self, r, state):
+    def _candidates(self, r, state, top=False):
+        """Scored continuations, best first; `top`: a trie offers only its BACKOFF_TOP best."""
         p, tracked = state
         conts = [
             self._cont(trie, p) if on else {} for (trie, _), on in zip(self._tries(r), tracked)
@@ -112,8 +118,14 @@ class ReferenceCache:
         dens = [float(sum(c.values()) + len(c)) for c in conts]
         wp = self.wp if sums[0] > 0 else 0.0
         wo = self.wo if sums[1] > 0 else 0.0
+        offered = [set(c) for c in conts]
+        if top:
+            offered = [
+                set(sorted(c, key=lambda t, c=c: (-c[t], t))[:BACKOFF_TOP]) if len(c) > SIDE_AT else o
+                for c, o in zip(conts, offered)
+            ]
         out = []
-        for t in set(conts[0]) | set(conts[1]):
+        for t in offered[0] | offered[1]:
             cp, ch = conts[0].get(t, 0), conts[1].get(t, 0)
             a = wp * cp / dens[0] if sums[0] > 0 else 0.0
             b = wo * ch / dens[1] if sums[1] > 0 else 0.0
@@ -138,9 +150,14 @@ class ReferenceCache:
             st = self._state(r, p[-k:])
             if st is None:
                 continue
-            lower = self._candidates(r, st)
-            cands += [(s * left, t, c) for s, t, c in lower if t not in seen]
-            seen |= {t for _, t, _ in lower}
+            lower = self._candidates(r, st, top=True)
+            cands += [(s * left, t, c) for s, t, c in lower if t not in seen][:BACKOFF_PER_LEVEL]
+            seen |= {
+                t
+                for (trie, _), on in zip(self._tries(r), st[1])
+                if on
+                for t in self._cont(trie, st[0])
+            }
             left *= 1.0 - self._mass(r, st)
         cands.sort(key=lambda x: (-x[0], x[1]))
         return cands
