@@ -11,8 +11,9 @@ rust/README.md ("Drafting") literally:
   participating trie (weight > 0), scanning lengths from longest to shortest;
 - score(t) = (w_p * c_P/(S_P + D_P) + w_o * c_H/(S_H + D_H)) / (w_p + w_o) over the tries
   still tracked (S: sum of the continuations' counts, D: their number);
-- backoff: after the candidates of the matched n-gram p come those of p's shorter suffixes
-  (longest first), tokens continuing a longer one excluded, scaled by the escape mass left
+- backoff, at the root only: after the candidates of the matched n-gram p come those of p's
+  shorter suffixes (longest first), tokens continuing a longer one excluded, scaled by the
+  escape mass left
   (product of 1 - sum of scores over the longer levels), while that mass >= BACKOFF_MIN_MASS,
   at most BACKOFF_PER_LEVEL per level, chosen among each trie's BACKOFF_TOP best
   continuations (count desc, token asc);
@@ -121,7 +122,9 @@ class ReferenceCache:
         offered = [set(c) for c in conts]
         if top:
             offered = [
-                set(sorted(c, key=lambda t, c=c: (-c[t], t))[:BACKOFF_TOP]) if len(c) > SIDE_AT else o
+                set(sorted(c, key=lambda t, c=c: (-c[t], t))[:BACKOFF_TOP])
+                if len(c) > SIDE_AT
+                else o
                 for c, o in zip(conts, offered)
             ]
         out = []
@@ -139,7 +142,7 @@ class ReferenceCache:
             buf = (r["ctx"] + path_tokens)[-(self.depth - 1) :]
             state = self._match(r, buf)
             cands = self._candidates(r, state) if state is not None else []
-        if not cands:
+        if not cands or not is_root:
             return cands
         p = state[0]
         seen = {t for _, t, _ in cands}

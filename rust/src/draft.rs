@@ -14,7 +14,8 @@
 //! never seen after it, high for rare n-grams (a count-1 match scores 1/2, not 1), so the
 //! best-first tree spreads over siblings near the root instead of betting the whole budget on
 //! one long chain of a once-seen n-gram. Scores of one state sum to `< 1`; what is left (the
-//! escape mass) goes to the continuations of shorter suffixes (`BACKOFF_MIN_MASS`). A draft
+//! escape mass) goes, at the root, to the continuations of shorter suffixes
+//! (`BACKOFF_MIN_MASS`). A draft
 //! node's score is the product of the scores along its path (its estimated probability).
 //! Children with count 0 (decayed by eviction) are not candidates. Ties are broken by token
 //! id (smaller first) and, in the tree, by the order candidates were pushed.
@@ -25,19 +26,19 @@ use std::collections::BinaryHeap;
 use crate::arena::NONE;
 use crate::trie::{Side, Trie, SIDE_AT, TOP_K};
 
-/// Backoff: after the candidates of the matched n-gram `p`, those of its shorter suffixes
-/// join (tokens already continuing a longer suffix excluded), each scaled by the escape mass
-/// left, `prod (1 - sum of scores)` over the longer levels, while that mass is at least this.
-/// Only ever adds or reorders low-ranked alternatives; simulator, B = 16: see rust/README.md.
+/// Backoff at the root: after the candidates of the context's matched n-gram `p` come those
+/// of `p`'s shorter suffixes (tokens already continuing a longer suffix excluded), each scaled
+/// by the escape mass left, `prod (1 - sum of scores)` over the longer levels, while that mass
+/// is at least this. Simulator, B = 16 (BENCHMARKS.md §2.1): 2.666 -> 2.693 tokens per step;
+/// backing off at every draft node reached 2.705 but made drafts 3-5x slower.
 pub const BACKOFF_MIN_MASS: f64 = 0.2;
 
 /// Each backoff level adds at most its best this many (non-excluded) candidates, chosen
-/// among each trie's `BACKOFF_TOP` best children where it ranks them (a side table): short
-/// contexts have hundreds of children, and scoring them all made drafts 3x slower for no
-/// measured acceptance (simulator, B = 16: 2.704 -> 2.705 tokens per step).
+/// among each trie's `BACKOFF_TOP` best children: short contexts have hundreds of children,
+/// and scoring them all costs more than it brings.
 pub const BACKOFF_PER_LEVEL: usize = 4;
 /// How many ranked children a trie offers at a backoff level (= `SIDE_AT`, so every trie
-/// offers its 8 best continuations).
+/// offers its 8 best continuations, ranked by count desc, token asc).
 pub const BACKOFF_TOP: usize = SIDE_AT;
 
 /// (prompt-trie node, history-trie node, n-gram length); a node is `NONE` where that trie
@@ -86,23 +87,8 @@ pub struct Scratch {
     memo: Vec<(State, usize, Vec<Cand>)>,
     buf: Vec<u32>,
     lower: Vec<Cand>,
-    levels: Vec<State>,
     excl: Vec<u32>,
     partial: Vec<State>,
-    derived: Vec<State>,
-    /// Per draft node: the range of `level_states` holding its backoff levels (1..).
-    node_levels: Vec<(u32, u32)>,
-    level_states: Vec<State>,
-}
-
-/// Where a backoff runs: node `i` of `tree` after `ctx`, and the shorter-suffix states its
-/// parent used (`derived`), which `token` (node `i`'s) extends.
-struct BackOff<'a> {
-    ctx: &'a [u32],
-    tree: &'a DraftTree,
-    i: usize,
-    derived: &'a [State],
-    token: u32,
 }
 
 struct Item {
@@ -480,8 +466,9 @@ impl Sources<'_> {
     }
 
     /// Continuations of draft node `i` of `tree`: those of its state, or, where that state
-    /// has none (a window's end), those of a fresh match on context + path to `i`; then the
-    /// backoff levels (see `BACKOFF_MIN_MASS`). Best first, at most `room`.
+    /// has none (a window's end), those of a fresh match on context + path to `i`; at the
+    /// root, followed by the backoff levels (see `BACKOFF_MIN_MASS`). Best first, at most
+    /// `room`.
     #[allow(clippy::too_many_arguments)]
     fn expand(
         &self,
@@ -493,74 +480,19 @@ impl Sources<'_> {
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
     ) {
-        out.clear();
-        if room == 0 {
-            return;
-        }
-        let mut level = None;
         if let Some(st) = st {
             let mass = self.candidates(st, room, scratch, out);
+            if i == 0 {
+                self.back_off(ctx, st, mass, room, scratch, out);
+                return;
+            }
             if !out.is_empty() {
-                level = Some((st, mass, true));
-            } else if i == 0 {
                 return;
             }
         }
-        if let Some((st, mass, _)) = level {
-            if 1.0 - mass < BACKOFF_MIN_MASS || st[2] <= 1 {
-                return;
-            }
-        }
+        // The last `max_depth - 1` tokens of context + path to `i`, collected backwards.
+        let keep = self.max_depth.saturating_sub(1);
         let mut buf = std::mem::take(&mut scratch.buf);
-        buf.clear();
-        let mut memo_key = None;
-        if level.is_none() {
-            Self::path_tail(ctx, tree, i, self.max_depth.saturating_sub(1), &mut buf);
-            let Some(st) = self.match_hinted(&buf, st) else {
-                scratch.buf = buf;
-                return;
-            };
-            // Fresh matches of one draft often land on the same (short) suffix: reuse its list
-            // when it was computed for at least `room` entries (or was complete).
-            if let Some((_, want, cands)) = scratch.memo.iter().find(|m| m.0 == st) {
-                if *want >= room || cands.len() < *want {
-                    out.extend(cands.iter().take(room).copied());
-                    scratch.buf = buf;
-                    return;
-                }
-            }
-            level = Some((st, self.candidates(st, room, scratch, out), false));
-            memo_key = Some(st);
-        }
-        let (st, mass, own) = level.expect("set above");
-        // A node's shorter suffixes are its parent's, each followed by the node's token: found
-        // with one child lookup per trie instead of a walk from the root.
-        let mut derived = std::mem::take(&mut scratch.derived);
-        derived.clear();
-        if own && i > 0 {
-            if let Some(&(start, len)) = scratch.node_levels.get(tree.parents[i] as usize) {
-                derived.extend_from_slice(
-                    &scratch.level_states[start as usize..(start + len) as usize],
-                );
-            }
-        }
-        let backoff = BackOff {
-            ctx,
-            tree,
-            i,
-            derived: &derived,
-            token: tree.tokens[i],
-        };
-        self.back_off(&backoff, &mut buf, st, mass, room, scratch, out);
-        scratch.derived = derived;
-        scratch.buf = buf;
-        if let Some(st) = memo_key {
-            scratch.memo.push((st, room, out.clone()));
-        }
-    }
-
-    /// The last `keep` tokens of context + path to node `i`, into `buf`.
-    fn path_tail(ctx: &[u32], tree: &DraftTree, i: usize, keep: usize, buf: &mut Vec<u32>) {
         buf.clear();
         let mut j = i;
         while j != 0 && buf.len() < keep {
@@ -570,36 +502,32 @@ impl Sources<'_> {
         let from_ctx = (keep - buf.len()).min(ctx.len());
         buf.extend(ctx[ctx.len() - from_ctx..].iter().rev());
         buf.reverse();
-    }
-
-    /// State of n-gram `q + token` where `q` is a state, as `probe` would find it; `None` if
-    /// no participating trie continues it.
-    fn derive(&self, q: State, token: u32) -> Option<State> {
-        let mut st = EMPTY;
-        st[2] = q[2] + 1;
-        let mut any = false;
-        for (x, (trie, w)) in self.tries().into_iter().enumerate() {
-            if let Some(t) = trie.filter(|_| w > 0.0 && q[x] != NONE) {
-                let n = t.find_child(q[x], token);
-                if n != NONE && t.has_continuation(n) {
-                    st[x] = n;
-                    any = true;
-                }
+        let matched = self.match_hinted(&buf, st);
+        scratch.buf = buf;
+        let Some(st) = matched else {
+            out.clear();
+            return;
+        };
+        // Fresh matches of one draft often land on the same (short) suffix: reuse its list
+        // when it was computed for at least `room` entries (or was complete).
+        if let Some((_, want, cands)) = scratch.memo.iter().find(|m| m.0 == st) {
+            if *want >= room || cands.len() < *want {
+                out.clear();
+                out.extend(cands.iter().take(room).copied());
+                return;
             }
         }
-        any.then_some(st)
+        self.candidates(st, room, scratch, out);
+        scratch.memo.push((st, room, out.clone()));
     }
 
-    /// Adds to `out` (the candidates of `st`, a suffix of context + path to node `b.i`, whose
-    /// scores sum to `mass`) those of `st`'s shorter suffixes, tokens already continuing a
-    /// longer one excluded, scaled by the escape mass left, while it is at least
+    /// Adds to `out` (the root's candidates: those of `st`, a suffix of `ctx`, whose scores
+    /// sum to `mass`) those of `st`'s shorter suffixes, tokens already continuing a longer
+    /// one excluded, scaled by the escape mass left, while it is at least
     /// `BACKOFF_MIN_MASS`, at most `BACKOFF_PER_LEVEL` per level; keeps the best `room`.
-    /// Records the levels it used for node `b.i`.
-    #[allow(clippy::too_many_arguments)]
     fn back_off(
         &self,
-        b: &BackOff<'_>,
-        buf: &mut Vec<u32>,
+        ctx: &[u32],
         st: State,
         mass: f64,
         room: usize,
@@ -607,18 +535,15 @@ impl Sources<'_> {
         out: &mut Vec<Cand>,
     ) {
         let mut left = 1.0 - mass;
-        if left < BACKOFF_MIN_MASS || st[2] <= 1 {
+        if room == 0 || left < BACKOFF_MIN_MASS || st[2] <= 1 {
             return;
         }
-        let mut levels = std::mem::take(&mut scratch.levels);
         let mut lower = std::mem::take(&mut scratch.lower);
-        // Tokens of the levels listed in full, and the levels cut at `room` (looked up).
+        // Tokens of the levels listed in full, and the levels cut short (looked up).
         let mut excl = std::mem::take(&mut scratch.excl);
         let mut partial = std::mem::take(&mut scratch.partial);
-        levels.clear();
         excl.clear();
         partial.clear();
-        levels.push(st);
         if out.len() < room {
             excl.extend(out.iter().map(|c| c.token));
         } else {
@@ -627,21 +552,10 @@ impl Sources<'_> {
         let mut cur = st;
         let mut added = false;
         while left >= BACKOFF_MIN_MASS && cur[2] > 1 {
-            let want_len = cur[2] - 1;
-            let mut next = b
-                .derived
-                .iter()
-                .find(|q| q[2] + 1 == want_len)
-                .and_then(|&q| self.derive(q, b.token));
-            if next.is_none() {
-                if buf.is_empty() {
-                    Self::path_tail(b.ctx, b.tree, b.i, self.max_depth.saturating_sub(1), buf);
-                }
-                next = (1..cur[2] as usize)
-                    .rev()
-                    .find_map(|k| self.probe(buf, k, Some(cur)));
-            }
-            let Some(next) = next else {
+            let Some(next) = (1..cur[2] as usize)
+                .rev()
+                .find_map(|k| self.probe(ctx, k, Some(cur)))
+            else {
                 break;
             };
             // Ask for more than `cap` when excluded tokens crowd the top of the list.
@@ -677,7 +591,6 @@ impl Sources<'_> {
                 added = true;
             }
             left *= 1.0 - next_mass;
-            levels.push(next);
             cur = next;
         }
         if added {
@@ -686,14 +599,6 @@ impl Sources<'_> {
             out.sort_by(better);
             out.truncate(room);
         }
-        // Levels 1.. of node `i`, for its children to derive theirs.
-        if scratch.node_levels.len() <= b.i {
-            scratch.node_levels.resize(b.i + 1, (0, 0));
-        }
-        let start = scratch.level_states.len() as u32;
-        scratch.level_states.extend_from_slice(&levels[1..]);
-        scratch.node_levels[b.i] = (start, levels.len() as u32 - 1);
-        scratch.levels = levels;
         scratch.lower = lower;
         scratch.excl = excl;
         scratch.partial = partial;
