@@ -1,0 +1,187 @@
+"""Try drafting rules in pure Python before building them in Rust (BENCHMARKS.md §2.1).
+
+A slow, brute-force drafter on top of `tests/reference_trie.py`'s counts, replayed through
+the acceptance simulator (`lookahead.bench.accept.run_drafter`, same protocol and oracle
+leak check as `lookahead bench accept`), multi-branch only. Each variant is a set of keyword
+arguments:
+
+- `mode`: "longest" (the longest match only: session 1's rules), "ppm" (backoff to shorter
+  suffixes at every draft node), "ppm_root" (backoff at the root only: what the core does);
+- `cut`: backoff continues while the escape mass left is >= cut (the core: 0.2);
+- `lowcap`: at most this many candidates per backoff level (the core: 4, from each trie's
+  8 best, which this prototype does not model);
+- `g0`, `ge`: scale the Witten-Bell escape by `g0 / k**ge` for a match of k tokens;
+- `rec`: break score ties by recency (latest occurrence first);
+- `tau`: replace counts by counts decayed with time constant `tau` tokens (0: off).
+
+    python benchmarks/drafter_prototype.py data/traces/specbench_smollm2.jsonl.gz 16 \
+        'mode="longest"' 'mode="ppm",cut=0.2,tau=10000'
+
+Prints tokens per step per category. About 10 s per variant on the full traces.
+"""
+
+from __future__ import annotations
+
+import ast
+import heapq
+import math
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from lookahead.bench.accept import oracle_tables, run_drafter, summarize  # noqa: E402
+from lookahead.bench.traces import read_traces  # noqa: E402
+from reference_trie import ReferenceCache  # noqa: E402
+
+
+class Prototype(ReferenceCache):
+    """`ReferenceCache` counts with the drafting rules above."""
+
+    def __init__(
+        self, mode="ppm", cut=0.2, lowcap=10**9, g0=1.0, ge=0.0, rec=False, tau=0, depth=12
+    ):
+        super().__init__(max_depth=depth)
+        self.mode, self.cut, self.lowcap = mode, cut, lowcap
+        self.g0, self.ge, self.rec, self.tau = g0, ge, rec, tau
+        self.clock = 0  # tokens seen so far (prompts at request start, then outputs)
+        self.last: dict[tuple, int] = {}  # n-gram -> latest time seen (history)
+        self.decayed: dict[tuple, tuple[float, int]] = {}  # n-gram -> (value, time)
+
+    def _see(self, store_last, store_dec, text, start):
+        for j in range(start, len(text)):
+            t = self.clock + j - start
+            for s in range(max(0, j - self.depth + 1), j + 1):
+                key = tuple(text[s : j + 1])
+                store_last[key] = t
+                if self.tau:
+                    v, t0 = store_dec.get(key, (0.0, t))
+                    store_dec[key] = (v * math.exp(-(t - t0) / self.tau) + 1.0, t)
+
+    def start_request(self, rid, prompt, namespace="default"):
+        super().start_request(rid, prompt, namespace)
+        r = self.requests[rid]
+        r["last"], r["decayed"] = {}, {}
+        self._see(r["last"], r["decayed"], r["prompt"], 0)
+        self.clock += len(prompt)
+
+    def extend(self, rid, tokens):
+        r = self.requests[rid]
+        start = len(r["ctx"])
+        super().extend(rid, tokens)
+        self._see(self.last, self.decayed, r["ctx"], start)
+        self.clock += len(r["ctx"]) - start
+
+    def _value(self, r, x, key, count):
+        if not self.tau:
+            return count
+        v, t0 = (r["decayed"] if x == 0 else self.decayed)[key]
+        return v * math.exp(-(self.clock - t0) / self.tau)
+
+    def _level(self, r, p):
+        """Scores of p's continuations (dict) or None if no trie continues p."""
+        gamma = self.g0 / len(p) ** self.ge
+        out, wsum = defaultdict(float), 0.0
+        parts = []
+        for x, (trie, w) in enumerate(self._tries(r)):
+            c = self._cont(trie, p) if w > 0 else {}
+            if c:
+                vals = {t: self._value(r, x, p + (t,), n) for t, n in c.items()}
+                parts.append((w, vals))
+                wsum += w
+        if not parts:
+            return None
+        for w, vals in parts:
+            den = sum(vals.values()) + gamma * len(vals)
+            for t, v in vals.items():
+                out[t] += w * v / den / wsum
+        return out
+
+    def _recency(self, r, key):
+        return max(r["last"].get(key, -1), self.last.get(key, -1))
+
+    def dist(self, r, seq, at_root):
+        """Scored candidates after `seq`, best first."""
+        scores, recent, left = {}, {}, 1.0
+        for k in range(min(len(seq), self.depth - 1), 0, -1):
+            p = tuple(seq[-k:])
+            q = self._level(r, p)
+            if q is None:
+                continue
+            first = not scores
+            budget = 10**9 if first else self.lowcap
+            for t, v in sorted(q.items(), key=lambda kv: (-kv[1], kv[0])):
+                if t not in scores and budget > 0:
+                    scores[t] = left * v
+                    recent[t] = self._recency(r, p + (t,))
+                    budget -= 0 if first else 1
+            backoff = self.mode == "ppm" or (self.mode == "ppm_root" and at_root)
+            left *= 1.0 - sum(q.values())
+            if not backoff or left < self.cut:
+                break
+        if self.rec:
+            key = lambda tv: (-tv[1], -recent[tv[0]], tv[0])  # noqa: E731
+        else:
+            key = lambda tv: (-tv[1], tv[0])  # noqa: E731
+        return [(v, t) for t, v in sorted(scores.items(), key=key)]
+
+    def draft(self, rid, budget=16, multi_branch=True):
+        r = self.requests[rid]
+        ctx = r["ctx"]
+        tokens, parents, probs, paths = [ctx[-1]], [-1], [1.0], [[]]
+        heap, seq = [], 0
+        for v, t in self.dist(r, ctx, True):
+            heapq.heappush(heap, (-v, seq, 0, t))
+            seq += 1
+        while len(tokens) <= budget and heap:
+            negp, _, parent, t = heapq.heappop(heap)
+            i = len(tokens)
+            tokens.append(t)
+            parents.append(parent)
+            probs.append(-negp)
+            paths.append(paths[parent] + [t])
+            for v, t2 in self.dist(r, ctx + paths[i], False)[:budget]:
+                heapq.heappush(heap, (negp * v, seq, i, t2))
+                seq += 1
+        return tokens, parents, probs
+
+
+class Adapter:
+    """The simulator's drafter interface over `Prototype`."""
+
+    def __init__(self, cache, name):
+        self.c, self.name = cache, name
+
+    def start_request(self, rid, prompt):
+        self.c.start_request(rid, prompt.tolist())
+
+    def draft(self, rid, ctx, budget):
+        t, p, _ = self.c.draft(rid, budget, True)
+        return t[1:], [x - 1 for x in p[1:]]
+
+    def extend(self, rid, ctx, new):
+        self.c.extend(rid, [int(x) for x in new])
+
+    def finish_request(self, rid):
+        self.c.finish_request(rid)
+
+
+def main(argv):
+    """Usage: drafter_prototype.py TRACES BUDGET VARIANT [VARIANT ...]."""
+    traces = read_traces(argv[0])
+    budget = int(argv[1])
+    oracle = oracle_tables(traces, 32)
+    for spec in argv[2:]:
+        call = ast.parse(f"f({spec})", mode="eval").body
+        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        t0 = time.time()
+        rows = run_drafter(Adapter(Prototype(**kwargs), spec), traces, oracle, budget)
+        summary = summarize(rows)
+        cats = " ".join(f"{c}={v['al']:.3f}" for c, v in summary.items())
+        print(f"{spec:40s} {cats}  ({time.time() - t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
