@@ -118,6 +118,20 @@ impl Ord for Item {
     }
 }
 
+/// Keeps the best `room` candidates of `out`, best first (score desc, token asc).
+fn keep_best(out: &mut Vec<Cand>, room: usize) {
+    let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
+    if room < out.len() {
+        if room == 0 {
+            out.clear();
+            return;
+        }
+        out.select_nth_unstable_by(room - 1, better);
+        out.truncate(room);
+    }
+    out.sort_unstable_by(better);
+}
+
 impl Sources<'_> {
     fn tries(&self) -> [(Option<&Trie>, f64); 2] {
         [
@@ -325,23 +339,16 @@ impl Sources<'_> {
         for r in raw.iter() {
             out.push(Self::score(r, dens, wp, wo, wsum));
         }
-        let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
         if top {
             let mass = Self::mass(sums, dens, wp, wo, wsum);
             let all = every_child && out.len() < room;
-            if room < out.len() {
-                out.select_nth_unstable_by(room - 1, better);
-                out.truncate(room);
-            }
-            out.sort_unstable_by(better);
+            keep_best(out, room);
             return Some((mass, all));
         }
         if out.len() < room {
             return None;
         }
-        out.select_nth_unstable_by(room - 1, better);
-        out.truncate(room);
-        out.sort_unstable_by(better);
+        keep_best(out, room);
         // The best score an unranked child could have.
         let mut limit = 0.0;
         if sums[0] > 0 && ranked[0].is_some() {
@@ -451,18 +458,8 @@ impl Sources<'_> {
             i += 1;
             out.push(Self::score(&r, dens, wp, wo, wsum));
         }
-        let mass = Self::mass(sums, dens, wp, wo, wsum);
-        let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
-        if room < out.len() {
-            if room == 0 {
-                out.clear();
-                return mass;
-            }
-            out.select_nth_unstable_by(room - 1, better);
-            out.truncate(room);
-        }
-        out.sort_unstable_by(better);
-        mass
+        keep_best(out, room);
+        Self::mass(sums, dens, wp, wo, wsum)
     }
 
     /// Continuations of draft node `i` of `tree`: those of its state, or, where that state
@@ -594,10 +591,7 @@ impl Sources<'_> {
             cur = next;
         }
         if added {
-            let better =
-                |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
-            out.sort_by(better);
-            out.truncate(room);
+            keep_best(out, room);
         }
         scratch.lower = lower;
         scratch.excl = excl;
