@@ -41,9 +41,11 @@ class Prototype(ReferenceCache):
     """`ReferenceCache` counts with the drafting rules above."""
 
     def __init__(
-        self, mode="ppm", cut=0.2, lowcap=10**9, g0=1.0, ge=0.0, rec=False, tau=0, depth=12
+        self, mode="ppm", cut=0.2, lowcap=10**9, g0=1.0, ge=0.0, rec=False, tau=0, depth=12,
+        own=False, wp=1.0, wo=1.0,
     ):
-        super().__init__(max_depth=depth)
+        super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo)
+        self.own = own
         self.mode, self.cut, self.lowcap = mode, cut, lowcap
         self.g0, self.ge, self.rec, self.tau = g0, ge, rec, tau
         self.clock = 0  # tokens seen so far (prompts at request start, then outputs)
@@ -71,6 +73,9 @@ class Prototype(ReferenceCache):
         r = self.requests[rid]
         start = len(r["ctx"])
         super().extend(rid, tokens)
+        if self.own:
+            from reference_trie import _windows_into
+            _windows_into(r["trie"], r["ctx"], self.depth, range(start, len(r["ctx"])))
         self._see(self.last, self.decayed, r["ctx"], start)
         self.clock += len(r["ctx"]) - start
 

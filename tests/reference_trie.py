@@ -4,7 +4,8 @@ It stores, per trie, `children[p][t]`: how often the n-gram `p + (t,)` occurs in
 text, and recomputes everything by brute force. It follows the documented rules of
 rust/README.md ("Drafting") literally:
 
-- prompt trie of a request: every n-gram (up to `max_depth` tokens) of its prompt;
+- a request's own trie: every n-gram (up to `max_depth` tokens) of its prompt, and those
+  ending at each token passed to `extend` for it;
 - namespace history: for every token passed to `extend` (and every prompt merged on finish,
   and every `add_history` text), the n-grams ending at that token;
 - match: the longest suffix (<= max_depth - 1 tokens) of the context with a continuation in a
@@ -66,7 +67,9 @@ class ReferenceCache:
         r = self.requests[rid]
         start = len(r["ctx"])
         r["ctx"].extend(int(t) for t in tokens)
-        _windows_into(self.history[r["ns"]], r["ctx"], self.depth, range(start, len(r["ctx"])))
+        new = range(start, len(r["ctx"]))
+        _windows_into(self.history[r["ns"]], r["ctx"], self.depth, new)
+        _windows_into(r["trie"], r["ctx"], self.depth, new)
 
     def finish_request(self, rid, keep_prompt=None):
         r = self.requests.pop(rid)

@@ -52,10 +52,12 @@ class LookaheadCache:
 
     Args:
         max_depth: longest n-gram (window) stored, in tokens (2..64).
-        capacity_nodes: hard bound on stored trie nodes, all tries together (28 bytes each,
-            plus hash side tables for nodes with more than 8 children).
-        prompt_weight: weight of the request's own prompt counts in scoring (>= 0).
-        output_weight: weight of the namespace's shared output counts (>= 0).
+        capacity_nodes: hard bound on stored trie nodes, all tries together (~37 bytes each,
+            hash side tables of nodes with more than 8 children included).
+        prompt_weight: weight of the request's own counts in scoring (>= 0): its prompt's
+            n-grams and those of its outputs so far (the request's own trie).
+        output_weight: weight of the namespace's shared counts (>= 0): the outputs of all its
+            requests (and merged prompts, `add_history` texts).
         keep_prompt_as_history: on finish, merge the prompt's n-grams into shared history.
         background_indexing: `start_request` returns at once and the prompt is indexed on a
             worker thread; only that request's own `draft` waits for it.
@@ -68,7 +70,7 @@ class LookaheadCache:
         self,
         max_depth: int = 12,
         capacity_nodes: int = 4_000_000,
-        prompt_weight: float = 1.0,
+        prompt_weight: float = 4.0,
         output_weight: float = 1.0,
         keep_prompt_as_history: bool = False,
         background_indexing: bool = True,

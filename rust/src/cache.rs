@@ -3,10 +3,10 @@
 //! Concurrency: each namespace's shared history is one `Trie` behind an `RwLock`. Writers
 //! (`extend`, `add_history`, prompt merges, eviction sweeps) hold the write lock for bounded
 //! chunks only (`CHUNK_TOKENS` tokens or `SWEEP_VISITS` slots), so a draft never waits long.
-//! A request's prompt trie is built once (in the background by default), then read without
-//! any lock; only that request's own draft waits for it. Lock order, never reversed:
-//! request state -> one namespace lock; nothing that holds a namespace lock takes another
-//! lock, so there is no deadlock.
+//! A request's own trie is built from its prompt once (in the background by default), then
+//! grows with that request's outputs; only that request's own calls wait for it or lock it.
+//! Lock order, never reversed: request state -> one namespace lock or the request's own trie;
+//! nothing that holds one of those takes another lock, so there is no deadlock.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -52,7 +52,7 @@ impl Default for Config {
         Config {
             max_depth: 12,
             capacity_nodes: 4_000_000,
-            prompt_weight: 1.0,
+            prompt_weight: 4.0,
             output_weight: 1.0,
             keep_prompt_as_history: false,
             background_indexing: true,
@@ -119,16 +119,18 @@ fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A request's prompt trie; its nodes return to the budget when it is dropped.
+/// A request's own trie: every n-gram of its prompt, then those ending at each of its
+/// verified output tokens. Its nodes return to the budget when it is dropped.
 pub struct PromptTrie {
-    pub trie: Trie,
+    pub trie: RwLock<Trie>,
     budget: Arc<Budget>,
     pub truncated: bool,
 }
 
 impl Drop for PromptTrie {
     fn drop(&mut self) {
-        self.budget.release(self.trie.nodes() + self.trie.allowance);
+        let t = self.trie.get_mut().unwrap_or_else(|e| e.into_inner());
+        self.budget.release(t.nodes() + t.allowance);
     }
 }
 
@@ -194,6 +196,16 @@ impl PromptSlot {
         }
     }
 
+    /// `Ok(trie)` if built, `Err(true)` while still building, `Err(false)` if there will be
+    /// none (failed or closed); one lock, so the answer cannot change between two looks.
+    fn poll(&self) -> std::result::Result<Arc<PromptTrie>, bool> {
+        match &*lock(&self.state) {
+            SlotState::Ready(p) => Ok(Arc::clone(p)),
+            SlotState::Pending => Err(true),
+            _ => Err(false),
+        }
+    }
+
     fn is_pending(&self) -> bool {
         matches!(*lock(&self.state), SlotState::Pending)
     }
@@ -212,13 +224,36 @@ pub struct Namespace {
     pub history: RwLock<Trie>,
 }
 
+/// Where the n-grams ending at a request's last counted token sit in one trie, so counting
+/// the next token's n-grams needs no walk from the root.
+#[derive(Clone, Default)]
+struct Cursors {
+    /// `nodes[k]`: node of the n-gram of length k+1 ending at the last counted token.
+    nodes: Vec<u32>,
+    /// Trie epoch the nodes were taken at (`u64::MAX`: rebuild before use).
+    epoch: u64,
+}
+
+impl Cursors {
+    fn stale() -> Self {
+        Cursors {
+            nodes: Vec::new(),
+            epoch: u64::MAX,
+        }
+    }
+}
+
 struct ReqState {
     /// The last `max_depth - 1` (or more) tokens of prompt + outputs.
     tail: Vec<u32>,
-    /// `cursors[k]`: history node of the n-gram of length k+1 ending at the last token.
-    cursors: Vec<u32>,
-    /// History epoch the cursors were taken at (`u64::MAX`: rebuild before use).
-    epoch: u64,
+    /// Into the namespace's history.
+    history: Cursors,
+    /// Into the request's own trie.
+    own: Cursors,
+    /// Verified tokens that arrived while the own trie was still being built (counted into
+    /// it when it is ready), and the `max_depth - 1` context tokens before the first of them.
+    unindexed: Vec<u32>,
+    unindexed_before: Vec<u32>,
 }
 
 struct Request {
@@ -350,25 +385,41 @@ impl Shared {
     /// Indexes every window of `text` into `ns`'s history, `CHUNK_TOKENS` windows per lock.
     fn add_history(&self, ns: &Namespace, text: &[u32]) {
         let depth = self.cfg.max_depth;
-        let mut cursor = ReqState {
-            tail: Vec::new(),
-            cursors: Vec::new(),
-            epoch: u64::MAX,
-        };
+        let mut cur = Cursors::stale();
         let mut s = 0;
         while s < text.len() {
             let end = (s + CHUNK_TOKENS).min(text.len());
-            let got = self.reserve(((end - s) * depth + depth * depth) as u64);
-            let mut h = write(&ns.history);
-            h.allowance = got;
             // The n-grams ending at each token, as `extend` counts them (same counts as all
             // windows of the text, and suffix links come for free).
-            let ok = extend_history(&mut h, &mut cursor, &text[s..end], depth);
-            cursor.epoch = if ok { h.epoch } else { u64::MAX };
-            let unused = std::mem::take(&mut h.allowance);
-            drop(h);
-            self.budget.release(unused);
+            let before = &text[s.saturating_sub(depth - 1)..s];
+            self.count_into(&ns.history, &mut cur, before, &text[s..end]);
             s = end;
+        }
+    }
+
+    /// Counts into `trie` the n-grams ending at each token of `chunk` (at most
+    /// `CHUNK_TOKENS`), which follows `before` in the text, under one write-lock hold and a
+    /// budget reservation of what it may need.
+    fn count_into(&self, trie: &RwLock<Trie>, cur: &mut Cursors, before: &[u32], chunk: &[u32]) {
+        let depth = self.cfg.max_depth;
+        let got = self.reserve((chunk.len() * depth + depth * depth) as u64);
+        let mut t = write(trie);
+        t.allowance = got;
+        count_ngrams(&mut t, cur, before, chunk, depth);
+        let unused = std::mem::take(&mut t.allowance);
+        drop(t);
+        self.budget.release(unused);
+    }
+
+    /// Counts the tokens that arrived while `own` was being built into it.
+    fn catch_up(&self, own: &PromptTrie, st: &mut ReqState) {
+        let text = std::mem::take(&mut st.unindexed);
+        let mut before = std::mem::take(&mut st.unindexed_before);
+        let keep = self.cfg.max_depth - 1;
+        for chunk in text.chunks(CHUNK_TOKENS) {
+            self.count_into(&own.trie, &mut st.own, &before, chunk);
+            before.extend_from_slice(chunk);
+            before.drain(..before.len().saturating_sub(keep));
         }
     }
 
@@ -377,7 +428,7 @@ impl Shared {
     fn build_prompt(&self, text: &[u32], slot: &PromptSlot) -> PromptTrie {
         let depth = self.cfg.max_depth;
         let mut p = PromptTrie {
-            trie: Trie::new(),
+            trie: RwLock::new(Trie::new()),
             budget: Arc::clone(&self.budget),
             truncated: false,
         };
@@ -385,20 +436,21 @@ impl Shared {
         let sw = SortedWindows::new(text, depth);
         let got = self.reserve(sw.nodes);
         if got == sw.nodes {
-            p.trie = Trie::from_sorted(text, depth, &sw);
+            p.trie = RwLock::new(Trie::from_sorted(text, depth, &sw));
             return p;
         }
         drop(sw);
         // Short of budget even after eviction: index windows in text order until it is spent.
-        p.trie.allowance = got;
+        let t = p.trie.get_mut().unwrap_or_else(|e| e.into_inner());
+        t.allowance = got;
         let mut s = 0;
         while s < text.len() && !slot.cancel.load(Ordering::Relaxed) {
             let end = (s + BUILD_CHUNK).min(text.len());
             let need = ((end - s) * depth) as u64;
-            if p.trie.allowance < need {
-                p.trie.allowance += self.reserve(need - p.trie.allowance);
+            if t.allowance < need {
+                t.allowance += self.reserve(need - t.allowance);
             }
-            let stop = p.trie.add_windows(text, depth, s..end);
+            let stop = t.add_windows(text, depth, s..end);
             if stop < end {
                 p.truncated = true;
                 self.truncated_prompts.fetch_add(1, Ordering::Relaxed);
@@ -406,7 +458,7 @@ impl Shared {
             }
             s = end;
         }
-        self.budget.release(std::mem::take(&mut p.trie.allowance));
+        self.budget.release(std::mem::take(&mut t.allowance));
         p
     }
 
@@ -483,8 +535,10 @@ impl Cache {
             ns,
             state: Mutex::new(ReqState {
                 tail: prompt[prompt.len().saturating_sub(keep)..].to_vec(),
-                cursors: Vec::new(),
-                epoch: u64::MAX,
+                history: Cursors::stale(),
+                own: Cursors::stale(),
+                unindexed: Vec::new(),
+                unindexed_before: Vec::new(),
             }),
             prompt_tokens: Arc::new(prompt),
             prompt: Arc::new(PromptSlot::new()),
@@ -519,23 +573,39 @@ impl Cache {
         Ok(())
     }
 
-    /// Appends verified tokens to the request's context and counts, in the namespace's
-    /// history, every n-gram (up to `max_depth`) that ends at one of them.
+    /// Appends verified tokens to the request's context and counts every n-gram (up to
+    /// `max_depth`) that ends at one of them, in the namespace's history and in the request's
+    /// own trie (later, if that is still being built).
     pub fn extend(&self, rid: &RequestId, tokens: &[u32]) -> Result<()> {
         let _busy = Busy::new(&self.shared);
         let req = self.request(rid)?;
-        let depth = self.shared.cfg.max_depth;
-        let mut st = lock(&req.state);
+        let keep = self.shared.cfg.max_depth - 1;
+        let mut guard = lock(&req.state);
+        let st = &mut *guard;
+        let own = req.prompt.poll();
+        if let Ok(p) = &own {
+            if !st.unindexed.is_empty() {
+                self.shared.catch_up(p, st);
+            }
+        }
         for chunk in tokens.chunks(CHUNK_TOKENS) {
-            let need = (chunk.len() * depth + depth * depth) as u64;
-            let got = self.shared.reserve(need);
-            let mut h = write(&req.ns.history);
-            h.allowance = got;
-            let ok = extend_history(&mut h, &mut st, chunk, depth);
-            st.epoch = if ok { h.epoch } else { u64::MAX };
-            let unused = std::mem::take(&mut h.allowance);
-            drop(h);
-            self.shared.budget.release(unused);
+            let sh = &self.shared;
+            sh.count_into(&req.ns.history, &mut st.history, &st.tail, chunk);
+            match &own {
+                Ok(p) => sh.count_into(&p.trie, &mut st.own, &st.tail, chunk),
+                Err(true) => {
+                    if st.unindexed.is_empty() {
+                        st.unindexed_before =
+                            st.tail[st.tail.len().saturating_sub(keep)..].to_vec();
+                    }
+                    st.unindexed.extend_from_slice(chunk);
+                }
+                Err(false) => {}
+            }
+            st.tail.extend_from_slice(chunk);
+            if st.tail.len() > 4 * keep.max(1) {
+                st.tail.drain(..st.tail.len() - keep);
+            }
         }
         Ok(())
     }
@@ -550,21 +620,25 @@ impl Cache {
     fn draft_req(&self, req: &Request, budget: usize, multi_branch: bool) -> Result<DraftTree> {
         // Busy: a draft may hold the prompt trie of a request finished meanwhile.
         let _busy = Busy::new(&self.shared);
-        let (tail, cursors, epoch) = {
-            let st = lock(&req.state);
-            (st.tail.clone(), st.cursors.clone(), st.epoch)
+        let own = req.prompt.wait()?;
+        let (tail, cursors) = {
+            let mut st = lock(&req.state);
+            if !st.unindexed.is_empty() {
+                self.shared.catch_up(&own, &mut st);
+            }
+            (st.tail.clone(), st.history.clone())
         };
-        let prompt = req.prompt.wait()?;
+        let p = read(&own.trie);
         let h = read(&req.ns.history);
-        let fresh = epoch == h.epoch;
+        let fresh = cursors.epoch == h.epoch;
         let cfg = &self.shared.cfg;
         let src = Sources {
-            prompt: Some(&prompt.trie),
+            prompt: Some(&p),
             history: Some(&h),
             prompt_weight: cfg.prompt_weight,
             output_weight: cfg.output_weight,
             max_depth: cfg.max_depth,
-            history_suffixes: if fresh { &cursors } else { &[] },
+            history_suffixes: if fresh { &cursors.nodes } else { &[] },
         };
         let tree = src.draft(&tail, budget, multi_branch);
         drop(h);
@@ -671,8 +745,9 @@ impl Cache {
         for req in read(&self.requests).values() {
             s.live_requests += 1;
             if let Some(p) = req.prompt.peek() {
-                s.prompt_nodes += p.trie.nodes();
-                s.bytes += p.trie.bytes() as u64;
+                let t = read(&p.trie);
+                s.prompt_nodes += t.nodes();
+                s.bytes += t.bytes() as u64;
             } else if req.prompt.is_pending() {
                 s.pending_prompts += 1;
             }
@@ -703,10 +778,15 @@ impl Cache {
         }
         for (rid, req) in read(&self.requests).iter() {
             if let Some(p) = req.prompt.peek() {
-                p.trie
-                    .check()
+                let t = read(&p.trie);
+                t.check()
                     .map_err(|e| Error::Invariant(format!("prompt of request {rid}: {e}")))?;
-                nodes += p.trie.nodes();
+                if t.allowance != 0 {
+                    return Err(Error::Invariant(format!(
+                        "request {rid}'s trie holds an unused reservation"
+                    )));
+                }
+                nodes += t.nodes();
             }
             let st = lock(&req.state);
             if st.tail.is_empty() {
@@ -740,9 +820,18 @@ impl Cache {
         }
     }
 
-    /// Every n-gram of `rid`'s prompt trie with its count (waits for indexing).
+    /// Every n-gram of `rid`'s own trie (its prompt, then its outputs so far) with its
+    /// count (waits for indexing).
     pub fn prompt_ngrams(&self, rid: &RequestId) -> Result<Vec<(Vec<u32>, u32)>> {
-        Ok(self.request(rid)?.prompt.wait()?.trie.ngrams())
+        let req = self.request(rid)?;
+        let own = req.prompt.wait()?;
+        let mut st = lock(&req.state);
+        if !st.unindexed.is_empty() {
+            self.shared.catch_up(&own, &mut st);
+        }
+        drop(st);
+        let t = read(&own.trie);
+        Ok(t.ngrams())
     }
 
     /// The last `max_depth - 1` (or more) tokens of `rid`'s context.
@@ -775,20 +864,22 @@ fn check_budget(budget: usize) -> Result<()> {
     Ok(())
 }
 
-/// Streams `chunk` into the history through the request's cursors. Returns false if the
-/// allowance ran out (some n-grams were not stored; cursors must be rebuilt).
-fn extend_history(h: &mut Trie, st: &mut ReqState, chunk: &[u32], depth: usize) -> bool {
+/// Counts in `t` every n-gram (up to `depth` tokens) ending at a token of `chunk`, which
+/// follows `before` (at least the text's last `depth - 1` tokens, or all of it) through the
+/// cursors `cur`. If the allowance runs out, some n-grams are not stored and `cur` is left
+/// stale (rebuilt on the next call).
+fn count_ngrams(t: &mut Trie, cur: &mut Cursors, before: &[u32], chunk: &[u32], depth: usize) {
     let keep = depth - 1;
     let mut ok = true;
-    if st.epoch != h.epoch {
+    if cur.epoch != t.epoch {
         // Rebuild: the suffixes of the context so far, created as structure (count 0): they
         // are prefixes of the n-grams about to be counted.
-        st.cursors.clear();
-        let n = st.tail.len();
+        cur.nodes.clear();
+        let n = before.len();
         for len in 1..=keep.min(n) {
             let mut node = ROOT;
-            for &t in &st.tail[n - len..] {
-                node = h.child_or_insert(node, t);
+            for &x in &before[n - len..] {
+                node = t.child_or_insert(node, x);
                 if node == NONE {
                     break;
                 }
@@ -797,43 +888,39 @@ fn extend_history(h: &mut Trie, st: &mut ReqState, chunk: &[u32], depth: usize) 
                 ok = false;
                 break;
             }
-            st.cursors.push(node);
+            cur.nodes.push(node);
         }
     }
     let mut next = Vec::with_capacity(keep);
-    for &t in chunk {
+    for &x in chunk {
         next.clear();
-        let first = h.child_or_insert(ROOT, t);
+        let first = t.child_or_insert(ROOT, x);
         if first == NONE {
             ok = false;
         } else {
-            h.bump(first, 1);
-            h.set_link(first, ROOT);
+            t.bump(first, 1);
+            t.set_link(first, ROOT);
             next.push(first);
-            // The n-grams ending at `t`, shortest first: each one's suffix link is the
+            // The n-grams ending at `x`, shortest first: each one's suffix link is the
             // previous one.
             let mut prev = first;
-            for &c in &st.cursors {
-                let child = h.child_or_insert(c, t);
+            for &c in &cur.nodes {
+                let child = t.child_or_insert(c, x);
                 if child == NONE {
                     ok = false;
                     break;
                 }
-                h.bump(child, 1);
-                h.set_link(child, prev);
+                t.bump(child, 1);
+                t.set_link(child, prev);
                 prev = child;
                 if next.len() < keep {
                     next.push(child);
                 }
             }
         }
-        std::mem::swap(&mut st.cursors, &mut next);
-        st.tail.push(t);
+        std::mem::swap(&mut cur.nodes, &mut next);
     }
-    if st.tail.len() > 4 * keep.max(1) {
-        st.tail.drain(..st.tail.len() - keep);
-    }
-    ok
+    cur.epoch = if ok { t.epoch } else { u64::MAX };
 }
 
 #[cfg(test)]
@@ -877,6 +964,39 @@ mod tests {
         let h = ns.history.read().unwrap();
         let got: Map<Vec<u32>, u32> = h.ngrams().into_iter().filter(|(_, n)| *n > 0).collect();
         assert_eq!(got, naive_outputs(&prompt, &outs, 4));
+    }
+
+    #[test]
+    fn outputs_before_the_prompt_is_indexed_are_counted_once_it_is() {
+        let c = Cache::new(Config {
+            index_threads: 1,
+            ..cfg(4, 1 << 26, true)
+        })
+        .unwrap();
+        // The one indexing thread is busy with a long prompt, so request 2's waits.
+        let long: Vec<u32> = (0..400_000u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) % 5000)
+            .collect();
+        c.start_request(RequestId::Int(1), long, "default").unwrap();
+        let prompt = vec![1, 2, 3, 1, 2];
+        let outs: Vec<u32> = vec![3, 1, 2, 4, 1, 2, 3, 3, 3];
+        let rid = RequestId::Int(2);
+        c.start_request(rid.clone(), prompt.clone(), "default")
+            .unwrap();
+        assert!(c.stats().pending_prompts >= 1);
+        c.extend(&rid, &outs[..4]).unwrap();
+        c.draft(&rid, 4, true).unwrap();
+        c.extend(&rid, &outs[4..]).unwrap();
+        let got: Map<Vec<u32>, u32> = c
+            .prompt_ngrams(&rid)
+            .unwrap()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let all: Vec<u32> = prompt.iter().chain(&outs).copied().collect();
+        assert_eq!(got, naive_outputs(&[], &all, 4));
+        c.finish_request(&RequestId::Int(1), None).unwrap();
+        c.check_invariants().unwrap();
     }
 
     #[test]

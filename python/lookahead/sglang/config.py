@@ -42,7 +42,7 @@ NAMESPACE_MODES = ("shared", "extra_key", "request")
 # LOOKAHEAD_CONFIG keys and their defaults.
 EXTRA_KEYS: dict[str, Any] = {
     "budget": None,  # drafted nodes per request; None -> N - 1 (the whole verify width)
-    "prompt_weight": 1.0,
+    "prompt_weight": 4.0,
     "output_weight": 1.0,
     "keep_prompt_as_history": False,
     "namespace": "extra_key",
