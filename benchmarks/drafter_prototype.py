@@ -12,7 +12,12 @@ arguments:
   8 best, which this prototype does not model);
 - `g0`, `ge`: scale the Witten-Bell escape by `g0 / k**ge` for a match of k tokens;
 - `rec`: break score ties by recency (latest occurrence first);
-- `tau`: replace counts by counts decayed with time constant `tau` tokens (0: off).
+- `tau`: replace counts by counts decayed with time constant `tau` tokens (0: off);
+- `own`: the request's trie also counts its own outputs (what the core does since 7aac88d;
+  off: session 2's rules, where only the shared history saw them);
+- `wp`, `wo`: `prompt_weight` (the request's trie) and `output_weight` (the core: 4 and 1).
+
+The core's current rules are `mode="ppm_root",cut=0.2,lowcap=4,own=True,wp=4`.
 
     python benchmarks/drafter_prototype.py data/traces/specbench_smollm2.jsonl.gz 16 \
         'mode="longest"' 'mode="ppm",cut=0.2,tau=10000'
@@ -34,17 +39,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from lookahead.bench.accept import oracle_tables, run_drafter, summarize  # noqa: E402
 from lookahead.bench.traces import read_traces  # noqa: E402
-from reference_trie import ReferenceCache  # noqa: E402
+from reference_trie import ReferenceCache, _windows_into  # noqa: E402
 
 
 class Prototype(ReferenceCache):
     """`ReferenceCache` counts with the drafting rules above."""
 
     def __init__(
-        self, mode="ppm", cut=0.2, lowcap=10**9, g0=1.0, ge=0.0, rec=False, tau=0, depth=12,
-        own=False, wp=1.0, wo=1.0,
+        self,
+        mode="ppm",
+        cut=0.2,
+        lowcap=10**9,
+        g0=1.0,
+        ge=0.0,
+        rec=False,
+        tau=0,
+        depth=12,
+        own=False,
+        wp=1.0,
+        wo=1.0,
     ):
         super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo)
+        if own and tau:
+            raise ValueError("own=True with tau is not modelled")
         self.own = own
         self.mode, self.cut, self.lowcap = mode, cut, lowcap
         self.g0, self.ge, self.rec, self.tau = g0, ge, rec, tau
@@ -72,10 +89,11 @@ class Prototype(ReferenceCache):
     def extend(self, rid, tokens):
         r = self.requests[rid]
         start = len(r["ctx"])
-        super().extend(rid, tokens)
+        r["ctx"].extend(int(t) for t in tokens)
+        new = range(start, len(r["ctx"]))
+        _windows_into(self.history[r["ns"]], r["ctx"], self.depth, new)
         if self.own:
-            from reference_trie import _windows_into
-            _windows_into(r["trie"], r["ctx"], self.depth, range(start, len(r["ctx"])))
+            _windows_into(r["trie"], r["ctx"], self.depth, new)
         self._see(self.last, self.decayed, r["ctx"], start)
         self.clock += len(r["ctx"]) - start
 
