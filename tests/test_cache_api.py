@@ -294,6 +294,21 @@ def test_namespaces_are_isolated():
     assert c.stats()["namespaces"] == 3
 
 
+def test_a_requests_own_outputs_outrank_the_shared_history():
+    c = LookaheadCache(max_depth=3, background_indexing=False)
+    c.add_history([[1, 2, 3]] * 3)  # elsewhere, "1 2" was followed by 3, three times
+    c.start_request("r", [9])
+    c.extend("r", [1, 2, 4, 1, 2])  # this request said "1 2 4" once
+    # Own trie (weight 4): 4 scores 1/2; history: 3 scores 3/6, 4 scores 1/6. Before the
+    # request's outputs went into its own trie, 3 came first here.
+    assert c.draft("r", budget=1, multi_branch=False).tokens.tolist() == [2, 4]
+    # With the shared history weighed out, the request still drafts from its own outputs.
+    c = LookaheadCache(max_depth=3, output_weight=0.0, background_indexing=False)
+    c.start_request("r", [9])
+    c.extend("r", [1, 2, 4, 1, 2])
+    assert c.draft("r", budget=1).tokens.tolist() == [2, 4]
+
+
 def test_keep_prompt_merges_into_history():
     c = LookaheadCache(max_depth=3, background_indexing=False)
     c.start_request(1, [4, 5, 6])

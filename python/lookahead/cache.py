@@ -182,7 +182,10 @@ class LookaheadCache:
 
     def stats(self) -> dict[str, int]:
         """nodes, history_nodes, prompt_nodes, capacity_nodes, bytes, live_requests,
-        pending_prompts, namespaces, hits, misses, evicted_nodes, truncated_prompts."""
+        pending_prompts, namespaces, hits, misses, evicted_nodes, truncated_prompts.
+
+        `prompt_nodes` counts the live requests' own tries: their prompts' n-grams and those
+        of their outputs so far."""
         return dict(self._c.stats())
 
     def save(self, path: str | os.PathLike[str]) -> None:
