@@ -47,7 +47,7 @@ class ReferenceCache:
     """Brute-force model of `lookahead.LookaheadCache` (same method names)."""
 
     def __init__(
-        self, max_depth=12, prompt_weight=1.0, output_weight=1.0, keep_prompt_as_history=False
+        self, max_depth=12, prompt_weight=4.0, output_weight=1.0, keep_prompt_as_history=False
     ):
         self.depth = max_depth
         self.wp = float(prompt_weight)

@@ -113,7 +113,8 @@ class LookaheadCache:
         self._c.start_request(rid, prompt_ids, namespace)
 
     def extend(self, rid: RequestId, new_token_ids: TokenIds) -> None:
-        """Appends verified tokens (accepted + bonus) to `rid`'s context and shared history.
+        """Appends verified tokens (accepted + bonus) to `rid`'s context, its own trie and
+        its namespace's shared history.
 
         Token ids: a list or tuple of ints, a 1-D numpy array of any integer dtype, or a 1-D
         integer torch tensor; ids must lie in `[0, 2**32)` (bools, floats, other shapes and

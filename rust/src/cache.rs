@@ -5,8 +5,10 @@
 //! chunks only (`CHUNK_TOKENS` tokens or `SWEEP_VISITS` slots), so a draft never waits long.
 //! A request's own trie is built from its prompt once (in the background by default), then
 //! grows with that request's outputs; only that request's own calls wait for it or lock it.
-//! Lock order, never reversed: request state -> one namespace lock or the request's own trie;
-//! nothing that holds one of those takes another lock, so there is no deadlock.
+//! Lock order, never reversed: request state -> the request's prompt slot -> the request's
+//! own trie -> one namespace lock (a draft reads its own trie, then the history; `extend`
+//! writes one trie at a time). Budget reservations, which may evict history, happen before a
+//! trie lock is taken; nothing holding a namespace lock takes another lock.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -125,12 +127,16 @@ pub struct PromptTrie {
     pub trie: RwLock<Trie>,
     budget: Arc<Budget>,
     pub truncated: bool,
+    /// Nodes its outputs added (bounded across requests: `Budget::own_outputs_fit`).
+    outputs: AtomicU64,
 }
 
 impl Drop for PromptTrie {
     fn drop(&mut self) {
         let t = self.trie.get_mut().unwrap_or_else(|e| e.into_inner());
         self.budget.release(t.nodes() + t.allowance);
+        let outputs = *self.outputs.get_mut();
+        self.budget.note_own_outputs(-(outputs as i64));
     }
 }
 
@@ -226,7 +232,7 @@ pub struct Namespace {
 
 /// Where the n-grams ending at a request's last counted token sit in one trie, so counting
 /// the next token's n-grams needs no walk from the root.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Cursors {
     /// `nodes[k]`: node of the n-gram of length k+1 ending at the last counted token.
     nodes: Vec<u32>,
@@ -306,6 +312,7 @@ pub struct Stats {
     /// `history_nodes + prompt_nodes` when the cache is idle.
     pub nodes: u64,
     pub history_nodes: u64,
+    /// Nodes of the live requests' own tries (their prompts, then their outputs).
     pub prompt_nodes: u64,
     pub capacity_nodes: u64,
     pub bytes: u64,
@@ -399,8 +406,14 @@ impl Shared {
 
     /// Counts into `trie` the n-grams ending at each token of `chunk` (at most
     /// `CHUNK_TOKENS`), which follows `before` in the text, under one write-lock hold and a
-    /// budget reservation of what it may need.
-    fn count_into(&self, trie: &RwLock<Trie>, cur: &mut Cursors, before: &[u32], chunk: &[u32]) {
+    /// budget reservation of what it may need. Returns the nodes it created.
+    fn count_into(
+        &self,
+        trie: &RwLock<Trie>,
+        cur: &mut Cursors,
+        before: &[u32],
+        chunk: &[u32],
+    ) -> u64 {
         let depth = self.cfg.max_depth;
         let got = self.reserve((chunk.len() * depth + depth * depth) as u64);
         let mut t = write(trie);
@@ -409,6 +422,20 @@ impl Shared {
         let unused = std::mem::take(&mut t.allowance);
         drop(t);
         self.budget.release(unused);
+        got - unused
+    }
+
+    /// `count_into` the request's own trie, while own-trie outputs fit their share of the
+    /// capacity; past it, this request's outputs reach only the shared history (and the
+    /// cursors are rebuilt from `before` once there is room again).
+    fn count_own(&self, own: &PromptTrie, cur: &mut Cursors, before: &[u32], chunk: &[u32]) {
+        if !self.budget.own_outputs_fit() {
+            cur.epoch = u64::MAX;
+            return;
+        }
+        let added = self.count_into(&own.trie, cur, before, chunk);
+        own.outputs.fetch_add(added, Ordering::Relaxed);
+        self.budget.note_own_outputs(added as i64);
     }
 
     /// Counts the tokens that arrived while `own` was being built into it.
@@ -417,7 +444,7 @@ impl Shared {
         let mut before = std::mem::take(&mut st.unindexed_before);
         let keep = self.cfg.max_depth - 1;
         for chunk in text.chunks(CHUNK_TOKENS) {
-            self.count_into(&own.trie, &mut st.own, &before, chunk);
+            self.count_own(own, &mut st.own, &before, chunk);
             before.extend_from_slice(chunk);
             before.drain(..before.len().saturating_sub(keep));
         }
@@ -431,6 +458,7 @@ impl Shared {
             trie: RwLock::new(Trie::new()),
             budget: Arc::clone(&self.budget),
             truncated: false,
+            outputs: AtomicU64::new(0),
         };
         // Fast path: the exact node count is known before any node exists, so reserve it.
         let sw = SortedWindows::new(text, depth);
@@ -592,7 +620,7 @@ impl Cache {
             let sh = &self.shared;
             sh.count_into(&req.ns.history, &mut st.history, &st.tail, chunk);
             match &own {
-                Ok(p) => sh.count_into(&p.trie, &mut st.own, &st.tail, chunk),
+                Ok(p) => sh.count_own(p, &mut st.own, &st.tail, chunk),
                 Err(true) => {
                     if st.unindexed.is_empty() {
                         st.unindexed_before =
@@ -600,7 +628,8 @@ impl Cache {
                     }
                     st.unindexed.extend_from_slice(chunk);
                 }
-                Err(false) => {}
+                // No trie will come (its build failed, or the request finished meanwhile).
+                Err(false) => st.unindexed.clear(),
             }
             st.tail.extend_from_slice(chunk);
             if st.tail.len() > 4 * keep.max(1) {
@@ -642,6 +671,7 @@ impl Cache {
         };
         let tree = src.draft(&tail, budget, multi_branch);
         drop(h);
+        drop(p);
         let counter = if tree.num_nodes() > 1 {
             &self.shared.hits
         } else {
@@ -823,6 +853,7 @@ impl Cache {
     /// Every n-gram of `rid`'s own trie (its prompt, then its outputs so far) with its
     /// count (waits for indexing).
     pub fn prompt_ngrams(&self, rid: &RequestId) -> Result<Vec<(Vec<u32>, u32)>> {
+        let _busy = Busy::new(&self.shared);
         let req = self.request(rid)?;
         let own = req.prompt.wait()?;
         let mut st = lock(&req.state);
@@ -871,7 +902,10 @@ fn check_budget(budget: usize) -> Result<()> {
 fn count_ngrams(t: &mut Trie, cur: &mut Cursors, before: &[u32], chunk: &[u32], depth: usize) {
     let keep = depth - 1;
     let mut ok = true;
-    if cur.epoch != t.epoch {
+    let fresh = cur.epoch == t.epoch;
+    // Stale until the chunk is done: a panic midway must not leave cursors that look current.
+    cur.epoch = u64::MAX;
+    if !fresh {
         // Rebuild: the suffixes of the context so far, created as structure (count 0): they
         // are prefixes of the n-grams about to be counted.
         cur.nodes.clear();
@@ -997,6 +1031,31 @@ mod tests {
         assert_eq!(got, naive_outputs(&[], &all, 4));
         c.finish_request(&RequestId::Int(1), None).unwrap();
         c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn own_output_nodes_stay_under_half_the_capacity() {
+        let cap = 4_000;
+        let c = Cache::new(cfg(4, cap, false)).unwrap();
+        let rid = RequestId::Int(1);
+        c.start_request(rid.clone(), vec![1, 2, 3], "default")
+            .unwrap();
+        let prompt_nodes = c.stats().prompt_nodes;
+        // Novel text: every token brings new n-grams to both tries.
+        for i in 0..3_000u32 {
+            c.extend(&rid, &[i.wrapping_mul(2_654_435_761) % 100_000])
+                .unwrap();
+        }
+        c.check_invariants().unwrap();
+        let s = c.stats();
+        // The check runs before each chunk, so one chunk (here 1 token: <= 4 + 16 nodes) may
+        // pass the line.
+        assert!(s.prompt_nodes <= cap / 2 + prompt_nodes + 20, "{s:?}");
+        assert!(s.history_nodes > 0 && s.nodes <= cap, "{s:?}");
+        assert!(c.budget().own_outputs() >= cap / 2);
+        c.finish_request(&rid, None).unwrap();
+        assert_eq!(c.budget().own_outputs(), 0);
+        assert_eq!(c.budget().used(), c.stats().history_nodes);
     }
 
     #[test]

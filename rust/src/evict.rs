@@ -16,6 +16,8 @@ use crate::trie::{Trie, ROOT};
 pub struct Budget {
     capacity: u64,
     used: AtomicU64,
+    /// Nodes the live requests' own tries hold for their outputs' n-grams (part of `used`).
+    own_outputs: AtomicU64,
 }
 
 impl Budget {
@@ -23,6 +25,7 @@ impl Budget {
         Budget {
             capacity,
             used: AtomicU64::new(0),
+            own_outputs: AtomicU64::new(0),
         }
     }
 
@@ -57,6 +60,28 @@ impl Budget {
         if n > 0 {
             let prev = self.used.fetch_sub(n, Ordering::AcqRel);
             debug_assert!(prev >= n, "budget released more than reserved");
+        }
+    }
+
+    /// Nodes live requests' own tries hold for their outputs.
+    pub fn own_outputs(&self) -> u64 {
+        self.own_outputs.load(Ordering::Relaxed)
+    }
+
+    /// Whether live requests may count more outputs into their own tries: those nodes are
+    /// never evicted while the request lives, so they may hold at most half the capacity
+    /// (the rest stays for prompts and the evictable shared history).
+    pub fn own_outputs_fit(&self) -> bool {
+        self.own_outputs.load(Ordering::Relaxed) < self.capacity / 2
+    }
+
+    /// Records `added` (positive) or freed (negative) own-trie output nodes.
+    pub fn note_own_outputs(&self, delta: i64) {
+        if delta >= 0 {
+            self.own_outputs.fetch_add(delta as u64, Ordering::Relaxed);
+        } else {
+            self.own_outputs
+                .fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
         }
     }
 }
