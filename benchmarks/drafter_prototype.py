@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from lookahead.bench.accept import oracle_tables, run_drafter, summarize  # noqa: E402
 from lookahead.bench.traces import read_traces  # noqa: E402
-from reference_trie import ReferenceCache, _windows_into  # noqa: E402
+from reference_trie import ReferenceCache  # noqa: E402
 
 
 class Prototype(ReferenceCache):
@@ -86,14 +86,13 @@ class Prototype(ReferenceCache):
         self._see(r["last"], r["decayed"], r["prompt"], 0)
         self.clock += len(prompt)
 
+    def _output_tries(self, r):
+        return super()._output_tries(r) if self.own else (self.history[r["ns"]],)
+
     def extend(self, rid, tokens):
         r = self.requests[rid]
         start = len(r["ctx"])
-        r["ctx"].extend(int(t) for t in tokens)
-        new = range(start, len(r["ctx"]))
-        _windows_into(self.history[r["ns"]], r["ctx"], self.depth, new)
-        if self.own:
-            _windows_into(r["trie"], r["ctx"], self.depth, new)
+        super().extend(rid, tokens)
         self._see(self.last, self.decayed, r["ctx"], start)
         self.clock += len(r["ctx"]) - start
 

@@ -67,9 +67,12 @@ class ReferenceCache:
         r = self.requests[rid]
         start = len(r["ctx"])
         r["ctx"].extend(int(t) for t in tokens)
-        new = range(start, len(r["ctx"]))
-        _windows_into(self.history[r["ns"]], r["ctx"], self.depth, new)
-        _windows_into(r["trie"], r["ctx"], self.depth, new)
+        for trie in self._output_tries(r):
+            _windows_into(trie, r["ctx"], self.depth, range(start, len(r["ctx"])))
+
+    def _output_tries(self, r):
+        """The tries a verified token's n-grams are counted into: history and the request's."""
+        return (self.history[r["ns"]], r["trie"])
 
     def finish_request(self, rid, keep_prompt=None):
         r = self.requests.pop(rid)

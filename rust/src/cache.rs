@@ -438,8 +438,11 @@ impl Shared {
         self.budget.note_own_outputs(added as i64);
     }
 
-    /// Counts the tokens that arrived while `own` was being built into it.
+    /// Counts the tokens that arrived while `own` was being built into it (if any).
     fn catch_up(&self, own: &PromptTrie, st: &mut ReqState) {
+        if st.unindexed.is_empty() {
+            return;
+        }
         let text = std::mem::take(&mut st.unindexed);
         let mut before = std::mem::take(&mut st.unindexed_before);
         let keep = self.cfg.max_depth - 1;
@@ -612,9 +615,7 @@ impl Cache {
         let st = &mut *guard;
         let own = req.prompt.poll();
         if let Ok(p) = &own {
-            if !st.unindexed.is_empty() {
-                self.shared.catch_up(p, st);
-            }
+            self.shared.catch_up(p, st);
         }
         for chunk in tokens.chunks(CHUNK_TOKENS) {
             let sh = &self.shared;
@@ -649,14 +650,9 @@ impl Cache {
     fn draft_req(&self, req: &Request, budget: usize, multi_branch: bool) -> Result<DraftTree> {
         // Busy: a draft may hold the prompt trie of a request finished meanwhile.
         let _busy = Busy::new(&self.shared);
-        let own = req.prompt.wait()?;
-        let (tail, cursors) = {
-            let mut st = lock(&req.state);
-            if !st.unindexed.is_empty() {
-                self.shared.catch_up(&own, &mut st);
-            }
-            (st.tail.clone(), st.history.clone())
-        };
+        let (own, st) = self.own_trie(req)?;
+        let (tail, cursors) = (st.tail.clone(), st.history.clone());
+        drop(st);
         let p = read(&own.trie);
         let h = read(&req.ns.history);
         let fresh = cursors.epoch == h.epoch;
@@ -855,14 +851,22 @@ impl Cache {
     pub fn prompt_ngrams(&self, rid: &RequestId) -> Result<Vec<(Vec<u32>, u32)>> {
         let _busy = Busy::new(&self.shared);
         let req = self.request(rid)?;
-        let own = req.prompt.wait()?;
-        let mut st = lock(&req.state);
-        if !st.unindexed.is_empty() {
-            self.shared.catch_up(&own, &mut st);
-        }
+        let (own, st) = self.own_trie(&req)?;
         drop(st);
         let t = read(&own.trie);
         Ok(t.ngrams())
+    }
+
+    /// `req`'s own trie once built (waits for it) with every output counted into it, and
+    /// the request's state, still locked.
+    fn own_trie<'r>(
+        &self,
+        req: &'r Request,
+    ) -> Result<(Arc<PromptTrie>, MutexGuard<'r, ReqState>)> {
+        let own = req.prompt.wait()?;
+        let mut st = lock(&req.state);
+        self.shared.catch_up(&own, &mut st);
+        Ok((own, st))
     }
 
     /// The last `max_depth - 1` (or more) tokens of `rid`'s context.

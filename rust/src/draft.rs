@@ -15,8 +15,8 @@
 //! best-first tree spreads over siblings near the root instead of betting the whole budget on
 //! one long chain of a once-seen n-gram. Scores of one state sum to `< 1`; what is left (the
 //! escape mass) goes, at the root, to the continuations of shorter suffixes
-//! (`BACKOFF_MIN_MASS`). A draft
-//! node's score is the product of the scores along its path (its estimated probability).
+//! (`BACKOFF_MIN_MASS`). A draft node's score is the product of the scores along its path
+//! (its estimated probability).
 //! Children with count 0 (decayed by eviction) are not candidates. Ties are broken by token
 //! id (smaller first) and, in the tree, by the order candidates were pushed.
 
