@@ -50,12 +50,12 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(dtype: str) -> str:
-    """`auto` → `bfloat16` where the CPU has native bf16, else `float32`; others unchanged."""
+def resolve_dtype(dtype: str, device: str = "cpu") -> str:
+    """`auto` → `bfloat16` on a GPU or where the CPU has native bf16, else `float32`."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if dtype == "auto":
-        return "bfloat16" if native_bf16() else "float32"
+        return "bfloat16" if device != "cpu" or native_bf16() else "float32"
     return dtype
 
 
@@ -184,15 +184,16 @@ def load_model(
     model: str | os.PathLike | None = None,
     dtype: str = "auto",
     attn_implementation: str = "sdpa",
+    device: str = "cpu",
 ):
-    """Load `(model, tokenizer)` for inference on CPU; `model` as in `resolve_model_path`.
+    """Load `(model, tokenizer)` for inference on `device`; `model` as in `resolve_model_path`.
 
     `dtype` is `auto` (see `resolve_dtype`), `bfloat16` or `float32`.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype, device)
     folder = resolve_model_path(model)
     with _hub_offline():
         tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
@@ -202,5 +203,5 @@ def load_model(
             attn_implementation=attn_implementation,
             local_files_only=True,
         )
-    lm.eval()
+    lm.to(device).eval()
     return lm, tok

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from hypothesis import strategies as st
 
@@ -64,3 +66,26 @@ def assert_same(ref, got, what: str) -> None:
         if not torch.equal(a, b):
             where = (a != b).nonzero()[:5].tolist()
             raise AssertionError(f"{what}.{name} differs from the reference at {where}")
+
+
+DEVICE = os.environ.get("LOOKAHEAD_KERNEL_DEVICE", "cpu")
+
+
+def _move(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_move(v, device) for v in x))
+    return x
+
+
+def on_device(fn):
+    """`fn` run on the test device (`LOOKAHEAD_KERNEL_DEVICE`, default cpu): tensor
+    arguments are moved there and tensor results (or NamedTuples of them) moved back."""
+
+    def run(*args, **kwargs):
+        args = [_move(a, DEVICE) for a in args]
+        kwargs = {k: _move(v, DEVICE) for k, v in kwargs.items()}
+        return _move(fn(*args, **kwargs), "cpu")
+
+    return run

@@ -9,11 +9,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_trees import assert_same, tree_batches
+from kernel_trees import assert_same, on_device, tree_batches
 from lookahead.kernels import build_full_mask, tree_metadata
 from lookahead.kernels.full_mask import build_full_mask_ref, build_full_mask_triton
 
 triton = pytest.importorskip("triton")
+build_full_mask_triton = on_device(build_full_mask_triton)
 
 _BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_kernels.py"
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import given, settings
-from kernel_trees import assert_same, tree_batches
+from kernel_trees import assert_same, on_device, tree_batches
 from lookahead.kernels import tree_metadata
 from lookahead.kernels.tree_mask import tree_metadata_ref, tree_metadata_triton
 
 triton = pytest.importorskip("triton")
+tree_metadata_triton = on_device(tree_metadata_triton)
 
 
 @settings(max_examples=60, deadline=None)

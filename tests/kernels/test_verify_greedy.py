@@ -7,11 +7,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_trees import assert_same, tree_batches
+from kernel_trees import assert_same, on_device, tree_batches
 from lookahead.kernels import verify_greedy
 from lookahead.kernels.verify_greedy import verify_greedy_ref, verify_greedy_triton
 
 triton = pytest.importorskip("triton")
+verify_greedy_triton = on_device(verify_greedy_triton)
 
 
 @st.composite

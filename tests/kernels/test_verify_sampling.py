@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_trees import assert_same, dyadic_probs, tree_batches
+from kernel_trees import assert_same, dyadic_probs, on_device, tree_batches
 from lookahead.kernels import verify_sampling
 from lookahead.kernels.verify_sampling import (
     inverse_cdf_ref,
@@ -17,6 +17,8 @@ from lookahead.kernels.verify_sampling import (
 )
 
 triton = pytest.importorskip("triton")
+sample_nodes_triton = on_device(sample_nodes_triton)
+verify_sampling_triton = on_device(verify_sampling_triton)
 
 
 @settings(max_examples=50, deadline=None)

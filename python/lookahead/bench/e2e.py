@@ -1,6 +1,6 @@
-"""End to end on CPU: `lookahead bench e2e`.
+"""End to end: `lookahead bench e2e` (CPU by default; `--device cuda` on a GPU).
 
-The default model (bf16 by default), batch 1, greedy, on a fixed Spec-Bench sample of every
+The default model (`--dtype auto`: fp32 on CPUs without native bf16, else bf16), batch 1, greedy, on a fixed Spec-Bench sample of every
 category: plain `generate`, HF prompt lookup decoding (`generate(prompt_lookup_num_tokens=10)`)
 and lookahead (`lookahead.engine.LookaheadGenerator`, one cache kept across the prompts, as a
 server keeps it; `--fresh-cache` uses `lookahead.engine.generate`, a new cache per prompt).
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dtype", default="auto", choices=DTYPES, help="auto: bf16 only with native CPU bf16"
     )
+    p.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     p.add_argument("--budget", type=int, default=None, help="lookahead draft budget")
     p.add_argument("--pld-tokens", type=int, default=10)
     p.add_argument("--fresh-cache", action="store_true", help="a new lookahead cache per prompt")
@@ -85,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         for q in select_questions(args.questions, args.per_category)
         if q["category"] in cats or ("mt_bench" in cats and q["category"] not in CATEGORIES)
     ]
-    args.dtype = resolve_dtype(args.dtype)
-    model, tok = load_model(args.model, dtype=args.dtype)
+    args.dtype = resolve_dtype(args.dtype, args.device)
+    model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
     eos = tok.eos_token_id
     gen = None if args.fresh_cache else LookaheadGenerator(model, tok, budget=args.budget)
 
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def run(method, ids):
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=args.device)
         kw = dict(
             attention_mask=torch.ones_like(x),
             do_sample=False,
@@ -106,21 +107,31 @@ def main(argv: list[str] | None = None) -> int:
             pad_token_id=eos,
         )
         t0 = time.perf_counter()
+        steps = None
         with torch.inference_mode():
             if method == "plain":
                 out = model.generate(x, **kw)[0, len(ids) :].tolist()
             elif method == "pld":
                 out = model.generate(x, prompt_lookup_num_tokens=args.pld_tokens, **kw)
                 out = out[0, len(ids) :].tolist()
-            elif gen is not None:
-                out = list(gen.generate(ids, max_new_tokens=args.max_new_tokens).ids)
             else:
-                out = list(
-                    lookahead_generate(
+                if gen is not None:
+                    res = gen.generate(ids, max_new_tokens=args.max_new_tokens)
+                else:
+                    res = lookahead_generate(
                         model, ids, tok, budget=args.budget, max_new_tokens=args.max_new_tokens
-                    ).ids
-                )
-        return out, time.perf_counter() - t0
+                    )
+                st = res.stats
+                steps = {
+                    "forwards": st.steps + 1,  # + the prefill
+                    "accepted": sum(st.accepted),
+                    **{
+                        k: getattr(st, k)
+                        for k in ("draft_s", "mask_s", "forward_s", "verify_s", "kv_s")
+                    },
+                }
+                out = list(res.ids)
+        return out, time.perf_counter() - t0, steps
 
     # Warm-up (kernels, allocator); not timed, not in the lookahead cache's history.
     warm = prompt_ids({"turns": ["Say hello."]})
@@ -140,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         order = METHODS[i % 3 :] + METHODS[: i % 3]
         outs = {}
         for m in order:
-            out, secs = run(m, ids)
+            out, secs, steps = run(m, ids)
+            if m == "lookahead":
+                steps_of_lookahead = steps
             if eos in out:
                 out = out[: out.index(eos) + 1]
             outs[m] = out
@@ -151,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     "method": m,
                     "new_tokens": len(out),
                     "seconds": secs,
+                    **(steps or {}),  # lookahead only: forwards (prefill included), time split
                 }
             )
         for m in METHODS:
@@ -160,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                 s["seconds"] += next(r["seconds"] for r in reversed(records) if r["method"] == m)
                 s["prompts"] += 1
                 s["same_as_plain"] += int(outs[m] == outs["plain"])
+        for key in (cat, "overall"):
+            per["lookahead"][key].setdefault("forwards", 0)
+            per["lookahead"][key]["forwards"] += steps_of_lookahead["forwards"]
 
     cols = [*[c for c in CATEGORIES if c in cats], "overall"]
     summary = {m: {} for m in METHODS}
@@ -192,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{summary['lookahead'][c]['tokens_per_s'] / summary['pld'][c]['tokens_per_s']:>17.2f}x"
             for c in cols
         )
+    )
+    la = summary["lookahead"]
+    print(
+        f"{'LA tok/fwd':<12}"  # prefill counted as a forward
+        + "".join(f"{la[c]['tokens'] / max(la[c]['forwards'], 1):>18.2f}" for c in cols)
     )
     print(
         "outputs equal to plain greedy: "
