@@ -40,7 +40,7 @@ kernels)
         --out "$OUT/gpu_kernels.json"
     ;;
 e2e)
-    gguf=${2:?the default model's .gguf file}
+    gguf=${2:?usage: e2e PATH_TO_GGUF}
     export LOOKAHEAD_CACHE_DIR=/tmp/lookahead-cache
     stage e2e_gpu 330 python3 -m lookahead.cli bench e2e --device cuda --model "$gguf" \
         --per-category 4 --max-new-tokens 256 --json "$OUT/e2e_gpu.json"
