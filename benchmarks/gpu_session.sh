@@ -34,19 +34,19 @@ stage() {  # stage NAME SECONDS CMD...: run with a limit, log to $OUT/NAME.log
 
 case "${1:-}" in
 kernels)
-    LOOKAHEAD_KERNEL_DEVICE=cuda stage kernel_tests 150 \
+    LOOKAHEAD_KERNEL_DEVICE=cuda stage kernel_tests 120 \
         python3 -m pytest tests/kernels -q -p no:cacheprovider -x
-    stage gpu_kernels 200 python3 benchmarks/gpu_kernels.py --iters 100 --warmup 10 \
+    stage gpu_kernels 180 python3 benchmarks/gpu_kernels.py --iters 50 --warmup 10 \
         --out "$OUT/gpu_kernels.json"
     ;;
 e2e)
     gguf=${2:?usage: e2e PATH_TO_GGUF}
     export LOOKAHEAD_CACHE_DIR=/tmp/lookahead-cache
-    stage e2e_gpu 330 python3 -m lookahead.cli bench e2e --device cuda --model "$gguf" \
-        --per-category 4 --max-new-tokens 256 --json "$OUT/e2e_gpu.json"
+    stage e2e_gpu 300 python3 -m lookahead.cli bench e2e --device cuda --model "$gguf" \
+        --per-category 3 --max-new-tokens 256 --json "$OUT/e2e_gpu.json"
     ;;
 cost)
-    stage verify_cost 120 python3 benchmarks/gpu_verify_cost.py --iters 30 --warmup 5 \
+    stage verify_cost 100 python3 benchmarks/gpu_verify_cost.py --iters 30 --warmup 5 \
         --out "$OUT/gpu_verify_cost.json"
     ;;
 *)
