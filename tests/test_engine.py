@@ -277,3 +277,12 @@ def test_cpu_default_cost_gate(monkeypatch):
 
     monkeypatch.setattr(lookahead.engine, "DEFAULT_MIN_DRAFT_SCORE", {"cpu": 0.85})
     assert LookaheadGenerator(tiny_model("llama")).min_draft_score == 0.85
+
+
+def test_default_budget_follows_the_device():
+    # 8 nodes on CPU, where extra rows cost; 16 on a GPU, where up to 32 rows cost one row.
+    model = tiny_model("llama")
+    assert LookaheadGenerator(model).budget == 8
+    assert LookaheadGenerator(model, budget=3).budget == 3
+    meta = tiny_model("llama").to("meta")  # a device that is neither: the CPU default
+    assert LookaheadGenerator(meta).budget == 8

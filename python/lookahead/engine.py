@@ -20,12 +20,15 @@ from lookahead import kernels
 from lookahead.kv import check_cache_layers, check_model_supports_kv, keep_path, new_cache
 from lookahead.sampling import SamplingConfig, node_scores
 
-# Draft budget (nodes besides the root) by compute dtype. Verifying W rows costs more than one
-# row by how the CPU's matrix kernels scale with rows: on the project's 2-core AVX2 machine an
-# fp32 forward over 16 rows costs ~2.2x one row, while bf16 (no native bf16 dot products, so
+# Draft budget (nodes besides the root) by device. Verifying W rows costs more than one row by
+# how the CPU's matrix kernels scale with rows: on the project's 2-core AVX2 machine an fp32
+# forward over 16 rows costs ~2.2x one row, while bf16 (no native bf16 dot products, so
 # emulated) grows almost linearly past one row (F.linear 576x1536: 1 row 0.33 ms, 8 rows
-# 3.2 ms, 16 rows 6.5 ms, 1 thread). 8 keeps the tree small in both; tune with `budget=`.
-DEFAULT_BUDGET = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 8}
+# 3.2 ms, 16 rows 6.5 ms, 1 thread): 8 keeps the tree small. On a GPU at batch 1 a forward
+# over up to 32 rows costs what one row costs (H200, SmolLM2-135M and 8B Llama shapes,
+# BENCHMARKS.md §5.2), and 16 nodes accept 7% more tokens per forward than 8 (§5.3).
+# Tune with `budget=`.
+DEFAULT_BUDGET = {"cpu": 8, "cuda": 16}
 DEFAULT_DEPTH = 12
 # A draft is verified only if its expected accepted length (the sum of its nodes' path scores,
 # which track the measured mean accepted length closely: 0.47 accepted at sums 0.3-0.6, 1.11 at
@@ -147,7 +150,7 @@ class LookaheadGenerator:
     """Lookahead decoding for one HF causal LM, with a `LookaheadCache` shared across calls.
 
     Outputs of earlier requests stay in the cache's shared history, so later requests can draft
-    from them. `budget` is the number of draft nodes per step (default by dtype:
+    from them. `budget` is the number of draft nodes per step (default by device:
     `DEFAULT_BUDGET`), `depth` the longest stored n-gram (used when `cache` is None).
     """
 
@@ -179,9 +182,9 @@ class LookaheadGenerator:
             cache = LookaheadCache(max_depth=depth)
         self.cache = cache
         dtype = next(model.parameters()).dtype
-        self.budget = DEFAULT_BUDGET.get(dtype, 8) if budget is None else budget
-        self.multi_branch = multi_branch
         device = next(model.parameters()).device
+        self.budget = DEFAULT_BUDGET.get(device.type, 8) if budget is None else budget
+        self.multi_branch = multi_branch
         if min_draft_score is None:
             min_draft_score = DEFAULT_MIN_DRAFT_SCORE.get(device.type, 0.0)
         if not min_draft_score >= 0:
