@@ -241,6 +241,15 @@ struct Cursors {
 }
 
 impl Cursors {
+    /// The nodes, if taken at `epoch` (else none).
+    fn current(&self, epoch: u64) -> &[u32] {
+        if self.epoch == epoch {
+            &self.nodes
+        } else {
+            &[]
+        }
+    }
+
     fn stale() -> Self {
         Cursors {
             nodes: Vec::new(),
@@ -651,11 +660,10 @@ impl Cache {
         // Busy: a draft may hold the prompt trie of a request finished meanwhile.
         let _busy = Busy::new(&self.shared);
         let (own, st) = self.own_trie(req)?;
-        let (tail, cursors) = (st.tail.clone(), st.history.clone());
+        let (tail, cursors, own_cursors) = (st.tail.clone(), st.history.clone(), st.own.clone());
         drop(st);
         let p = read(&own.trie);
         let h = read(&req.ns.history);
-        let fresh = cursors.epoch == h.epoch;
         let cfg = &self.shared.cfg;
         let src = Sources {
             prompt: Some(&p),
@@ -663,7 +671,7 @@ impl Cache {
             prompt_weight: cfg.prompt_weight,
             output_weight: cfg.output_weight,
             max_depth: cfg.max_depth,
-            history_suffixes: if fresh { &cursors.nodes } else { &[] },
+            suffixes: [own_cursors.current(p.epoch), cursors.current(h.epoch)],
         };
         let tree = src.draft(&tail, budget, multi_branch);
         drop(h);

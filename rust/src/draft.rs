@@ -53,9 +53,10 @@ pub struct Sources<'a> {
     pub prompt_weight: f64,
     pub output_weight: f64,
     pub max_depth: usize,
-    /// History nodes of the context's suffixes (`[k-1]`: the k-token suffix), as `extend`
-    /// keeps them; empty if unknown. Saves walking the history for the first match.
-    pub history_suffixes: &'a [u32],
+    /// Per trie (prompt, history), its nodes of the context's suffixes (`[k-1]`: the k-token
+    /// suffix), as `extend` keeps them; empty if unknown. Saves walking the tries from their
+    /// roots for the first match.
+    pub suffixes: [&'a [u32]; 2],
 }
 
 /// A draft tree: node 0 is the root (last context token), `parents[0] == -1`.
@@ -79,9 +80,12 @@ pub struct Cand {
     pub child: State,
 }
 
-/// Buffers reused across the expansions of one draft.
+/// Buffers reused across the expansions of one draft, and across the drafts of one thread.
 #[derive(Default)]
 pub struct Scratch {
+    cands: Vec<Cand>,
+    probs: Vec<f64>,
+    heap: BinaryHeap<Item>,
     raw: Vec<(u32, u32, u32, u32, u32)>,
     /// Fresh-match states already scored: (state, room asked, best-first list).
     memo: Vec<(State, usize, Vec<Cand>)>,
@@ -161,8 +165,8 @@ impl Sources<'_> {
                     }
                 }
                 // No hint: the first match, on the context itself.
-                if n == NONE && x == 1 && hint.is_none() {
-                    n = self.history_suffixes.get(k - 1).copied().unwrap_or(NONE);
+                if n == NONE && hint.is_none() {
+                    n = self.suffixes[x].get(k - 1).copied().unwrap_or(NONE);
                 }
                 if n == NONE {
                     n = t.walk(s);
@@ -611,24 +615,68 @@ impl Sources<'_> {
     /// Drafts up to `budget` nodes after `ctx` (non-empty; only its last `max_depth - 1`
     /// tokens are read): one greedy branch, or a best-first tree when `multi_branch`.
     pub fn draft(&self, ctx: &[u32], budget: usize, multi_branch: bool) -> DraftTree {
+        thread_local! {
+            // Drafts run back to back on the same threads: their buffers' allocations pay once.
+            static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+        }
         let root = *ctx.last().expect("draft needs a non-empty context");
         let mut tree = DraftTree {
-            tokens: vec![root],
-            parents: vec![-1],
-            scores: vec![1.0],
+            tokens: Vec::with_capacity(budget + 1),
+            parents: Vec::with_capacity(budget + 1),
+            scores: Vec::with_capacity(budget + 1),
         };
-        let mut probs = vec![1.0f64];
-        let mut cands = Vec::new();
-        let mut scratch = Scratch::default();
+        tree.tokens.push(root);
+        tree.parents.push(-1);
+        tree.scores.push(1.0);
         let root_state = self.match_suffix(ctx);
         if root_state.is_none() {
             return tree;
         }
+        let mut scratch = SCRATCH.take();
+        scratch.memo.clear();
+        let mut probs = std::mem::take(&mut scratch.probs);
+        let mut cands = std::mem::take(&mut scratch.cands);
+        let mut heap = std::mem::take(&mut scratch.heap);
+        probs.clear();
+        probs.push(1.0f64);
+        heap.clear();
+        self.grow(
+            ctx,
+            budget,
+            multi_branch,
+            root_state,
+            &mut tree,
+            &mut scratch,
+            &mut probs,
+            &mut cands,
+            &mut heap,
+        );
+        scratch.probs = probs;
+        scratch.cands = cands;
+        scratch.heap = heap;
+        SCRATCH.set(scratch);
+        tree
+    }
+
+    /// The body of `draft` once the root matched: adds up to `budget` nodes to `tree`.
+    #[allow(clippy::too_many_arguments)]
+    fn grow(
+        &self,
+        ctx: &[u32],
+        budget: usize,
+        multi_branch: bool,
+        root_state: Option<State>,
+        tree: &mut DraftTree,
+        scratch: &mut Scratch,
+        probs: &mut Vec<f64>,
+        cands: &mut Vec<Cand>,
+        heap: &mut BinaryHeap<Item>,
+    ) {
         if !multi_branch {
             let mut st = root_state;
             let mut i = 0;
             while tree.num_nodes() <= budget {
-                self.expand(ctx, &tree, i, st, 1, &mut scratch, &mut cands);
+                self.expand(ctx, tree, i, st, 1, scratch, cands);
                 let Some(best) = cands.first().copied() else {
                     break;
                 };
@@ -640,9 +688,8 @@ impl Sources<'_> {
                 i = tree.num_nodes() - 1;
                 st = Some(best.child);
             }
-            return tree;
+            return;
         }
-        let mut heap = BinaryHeap::new();
         let mut seq = 0u64;
         let mut push_children =
             |heap: &mut BinaryHeap<Item>, cands: &[Cand], parent: usize, prob: f64, room: usize| {
@@ -656,8 +703,8 @@ impl Sources<'_> {
                     seq += 1;
                 }
             };
-        self.expand(ctx, &tree, 0, root_state, budget, &mut scratch, &mut cands);
-        push_children(&mut heap, &cands, 0, 1.0, budget);
+        self.expand(ctx, tree, 0, root_state, budget, scratch, cands);
+        push_children(heap, cands, 0, 1.0, budget);
         while tree.num_nodes() <= budget {
             let Some(it) = heap.pop() else {
                 break;
@@ -671,18 +718,9 @@ impl Sources<'_> {
             if room == 0 {
                 break;
             }
-            self.expand(
-                ctx,
-                &tree,
-                i,
-                Some(it.cand.child),
-                room,
-                &mut scratch,
-                &mut cands,
-            );
-            push_children(&mut heap, &cands, i, it.prob, room);
+            self.expand(ctx, tree, i, Some(it.cand.child), room, scratch, cands);
+            push_children(heap, cands, i, it.prob, room);
         }
-        tree
     }
 }
 
@@ -706,7 +744,7 @@ mod tests {
             prompt_weight: 1.0,
             output_weight: 1.0,
             max_depth: depth,
-            history_suffixes: &[],
+            suffixes: [&[], &[]],
         }
     }
 
@@ -778,7 +816,7 @@ mod tests {
                 prompt_weight: wp,
                 output_weight: wo,
                 max_depth: 4,
-                history_suffixes: &[],
+                suffixes: [&[], &[]],
             };
             let mut scratch = Scratch::default();
             for ctx_len in [1usize, 2, 3] {
