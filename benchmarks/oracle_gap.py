@@ -101,7 +101,8 @@ def main(argv: list[str]) -> int:
         print(f"{key}: {steps} steps, ours {ours}, oracle {orac}, gap {gap}")
         for axis in ("k", "fan"):
             parts = sorted(
-                (b for ax, b in cells if ax == axis), key=lambda b: -1 if b is None else b
+                (b for ax, b in cells if ax == axis and cells[(ax, b)][0]),
+                key=lambda b: -1 if b is None else b,
             )
             print(
                 "   "
