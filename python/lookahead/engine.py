@@ -370,6 +370,8 @@ class LookaheadGenerator:
                 past_key_values=kv,
                 use_cache=True,
             ).logits[0]
+            if dev.type == "cuda":  # the forward's GPU time belongs to forward_s, not verify_s
+                torch.cuda.synchronize(dev)
             t4 = perf()
             mask_buf[0, 0, :n, seq_len:total] = True
             if cfg.needs_processing:

@@ -50,13 +50,19 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(dtype: str, device: str = "cpu") -> str:
-    """`auto` → `bfloat16` on a GPU or where the CPU has native bf16, else `float32`."""
+def resolve_dtype(dtype: str, device="cpu") -> str:
+    """`auto` → `bfloat16` on a CUDA GPU that computes it natively or on a CPU with native
+    bf16, else `float32`. (bf16 output can fork from plain decoding at near-ties: README.)"""
+    import torch
+
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if dtype == "auto":
-        return "bfloat16" if device != "cpu" or native_bf16() else "float32"
-    return dtype
+    if dtype != "auto":
+        return dtype
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if kind == "cpu" and native_bf16() else "float32"
 
 
 class ModelLoadError(RuntimeError):

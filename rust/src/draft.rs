@@ -167,6 +167,7 @@ impl Sources<'_> {
                 // No hint: the first match, on the context itself.
                 if n == NONE && hint.is_none() {
                     n = self.suffixes[x].get(k - 1).copied().unwrap_or(NONE);
+                    debug_assert!(n == NONE || n == t.walk(s), "stale cursor for trie {x}");
                 }
                 if n == NONE {
                     n = t.walk(s);
@@ -620,10 +621,11 @@ impl Sources<'_> {
             static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
         }
         let root = *ctx.last().expect("draft needs a non-empty context");
+        let cap = budget.min(256) + 1;
         let mut tree = DraftTree {
-            tokens: Vec::with_capacity(budget + 1),
-            parents: Vec::with_capacity(budget + 1),
-            scores: Vec::with_capacity(budget + 1),
+            tokens: Vec::with_capacity(cap),
+            parents: Vec::with_capacity(cap),
+            scores: Vec::with_capacity(cap),
         };
         tree.tokens.push(root);
         tree.parents.push(-1);
@@ -654,7 +656,10 @@ impl Sources<'_> {
         scratch.probs = probs;
         scratch.cands = cands;
         scratch.heap = heap;
-        SCRATCH.set(scratch);
+        if budget <= 256 {
+            // A huge draft's buffers are not worth keeping for the thread's lifetime.
+            SCRATCH.set(scratch);
+        }
         tree
     }
 

@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--model", default=None)
     p.add_argument(
-        "--dtype", default="auto", choices=DTYPES, help="auto: bf16 only with native CPU bf16"
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="auto: bf16 on a bf16-capable GPU or a CPU with native bf16, else fp32; only fp32 "
+        "output is token-identical to plain decoding",
     )
     p.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     p.add_argument("--budget", type=int, default=None, help="lookahead draft budget")
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     la = summary["lookahead"]
     print(
         f"{'LA tok/fwd':<12}"  # prefill counted as a forward
-        + "".join(f"{la[c]['tokens'] / max(la[c]['forwards'], 1):>18.2f}" for c in cols)
+        + "".join(f"{la[c]['tokens'] / max(la[c].get('forwards', 0), 1):>18.2f}" for c in cols)
     )
     print(
         "outputs equal to plain greedy: "
