@@ -1,0 +1,92 @@
+"""Same-process A/B of two builds of the Rust core, next to vLLM's bare n-gram scan.
+
+    python benchmarks/host_ab.py OLD/_core.abi3.so NEW/_core.abi3.so [CTX] [ROUNDS]
+
+Build each version (`cargo build --release --features python --manifest-path
+rust/Cargo.toml`, then copy `target/release/liblookahead_core.so` somewhere; never over the
+`_core.abi3.so` a running process has loaded). One process loads both builds side by side and
+times our whole step (`Cache.step`: extend one verified token + budget-16 tree draft) on the
+same 16 requests with CTX-token prompts (default 1,000), and vLLM's scan (min 5 / max 5, and
+min 1 / max 5) over the same contexts, in rounds of 1,600 steps whose order rotates, so drift
+of this VM's speed hits every variant alike. Prints the median over rounds of each mean, and
+per-round ratios.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import time
+
+import numpy as np
+from lookahead.bench.peers.vllm_ngram import find_longest_matched_ngram
+from lookahead.bench.trie import DEFAULT_DATA, PACKAGED_DATA, spec_bench_texts
+
+
+def _load(tag: str, path: str):
+    name = f"{tag}._core"  # PyO3's init symbol is PyInit__core: the last component must match
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    mods = {"old": _load("old", argv[0]), "new": _load("new", argv[1])}
+    n = int(argv[2]) if len(argv) > 2 else 1000
+    rounds = int(argv[3]) if len(argv) > 3 else 16
+    n_req, per, budget = 16, 1600, 16
+    data = DEFAULT_DATA if DEFAULT_DATA.exists() else PACKAGED_DATA
+    stream = np.ascontiguousarray(np.concatenate(spec_bench_texts(data)), dtype=np.int32)
+    steps = per * rounds // n_req + 2
+    offs = np.random.default_rng(0).integers(0, max(1, stream.size - n - steps - 1), size=n_req)
+    nexts = [stream[o + n : o + n + steps].tolist() for o in offs]
+    caches = {}
+    for k, m in mods.items():
+        # The defaults of `LookaheadCache`, background indexing off.
+        c = m.Cache(12, 4_000_000, 4.0, 1.0, False, False, 0)
+        for r, o in enumerate(offs):
+            c.start_request(r, stream[o : o + n].tolist(), "default")
+        caches[k] = c
+    find_longest_matched_ngram(np.zeros(8, np.int32), 5, 5, 1 << 30, budget)  # numba JIT
+    names = ["old", "new", "vllm5-5", "vllm1-5"]
+    res = {k: [] for k in names}
+    for rd in range(rounds):
+        for k in names[rd % 4 :] + names[: rd % 4]:
+            ns = np.empty(per, dtype=np.int64)
+            for j in range(per):
+                i = rd * per + j
+                r, q = i % n_req, i // n_req
+                if k in caches:
+                    c, tok = caches[k], nexts[r][q : q + 1]
+                    t0 = time.perf_counter_ns()
+                    c.step(r, tok, budget, True)
+                else:
+                    ctx = stream[offs[r] : offs[r] + n + q]
+                    lo = 5 if k == "vllm5-5" else 1
+                    t0 = time.perf_counter_ns()
+                    find_longest_matched_ngram(ctx, lo, 5, 1 << 30, budget)
+                ns[j] = time.perf_counter_ns() - t0
+            res[k].append(ns.mean() / 1e3)
+    m = {k: np.array(v) for k, v in res.items()}
+    print(
+        f"ctx {n}, {rounds} rounds x {per} steps; mean µs per step (median over rounds): "
+        + "  ".join(f"{k} {np.median(v):.2f}" for k, v in m.items())
+    )
+    for k in ("old", "new"):
+        print(
+            f"  {k}: {np.median(m[k] / m['vllm5-5']):.2f}x vllm5-5, "
+            f"{np.median(m[k] / m['vllm1-5']):.2f}x vllm1-5"
+        )
+    wins = int((m["new"] < m["old"]).sum())
+    print(f"  new/old {np.median(m['new'] / m['old']):.3f} (new cheaper in {wins}/{rounds} rounds)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
