@@ -83,9 +83,6 @@ pub struct Cand {
 /// Buffers reused across the expansions of one draft, and across the drafts of one thread.
 #[derive(Default)]
 pub struct Scratch {
-    cands: Vec<Cand>,
-    probs: Vec<f64>,
-    heap: BinaryHeap<Item>,
     raw: Vec<(u32, u32, u32, u32, u32)>,
     /// Fresh-match states already scored: (state, room asked, best-first list).
     memo: Vec<(State, usize, Vec<Cand>)>,
@@ -93,6 +90,14 @@ pub struct Scratch {
     lower: Vec<Cand>,
     excl: Vec<u32>,
     partial: Vec<State>,
+}
+
+/// The tree loop's own buffers, kept apart from `Scratch` because `expand` borrows both at once.
+#[derive(Default)]
+struct TreeBuffers {
+    cands: Vec<Cand>,
+    probs: Vec<f64>,
+    heap: BinaryHeap<Item>,
 }
 
 struct Item {
@@ -618,7 +623,7 @@ impl Sources<'_> {
     pub fn draft(&self, ctx: &[u32], budget: usize, multi_branch: bool) -> DraftTree {
         thread_local! {
             // Drafts run back to back on the same threads: their buffers' allocations pay once.
-            static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+            static BUFFERS: std::cell::Cell<(Scratch, TreeBuffers)> = Default::default();
         }
         let root = *ctx.last().expect("draft needs a non-empty context");
         let cap = budget.min(256) + 1;
@@ -634,14 +639,8 @@ impl Sources<'_> {
         if root_state.is_none() {
             return tree;
         }
-        let mut scratch = SCRATCH.take();
+        let (mut scratch, mut bufs) = BUFFERS.take();
         scratch.memo.clear();
-        let mut probs = std::mem::take(&mut scratch.probs);
-        let mut cands = std::mem::take(&mut scratch.cands);
-        let mut heap = std::mem::take(&mut scratch.heap);
-        probs.clear();
-        probs.push(1.0f64);
-        heap.clear();
         self.grow(
             ctx,
             budget,
@@ -649,16 +648,11 @@ impl Sources<'_> {
             root_state,
             &mut tree,
             &mut scratch,
-            &mut probs,
-            &mut cands,
-            &mut heap,
+            &mut bufs,
         );
-        scratch.probs = probs;
-        scratch.cands = cands;
-        scratch.heap = heap;
         if budget <= 256 {
             // A huge draft's buffers are not worth keeping for the thread's lifetime.
-            SCRATCH.set(scratch);
+            BUFFERS.set((scratch, bufs));
         }
         tree
     }
@@ -673,10 +667,12 @@ impl Sources<'_> {
         root_state: Option<State>,
         tree: &mut DraftTree,
         scratch: &mut Scratch,
-        probs: &mut Vec<f64>,
-        cands: &mut Vec<Cand>,
-        heap: &mut BinaryHeap<Item>,
+        bufs: &mut TreeBuffers,
     ) {
+        let TreeBuffers { cands, probs, heap } = bufs;
+        probs.clear();
+        probs.push(1.0);
+        heap.clear();
         if !multi_branch {
             let mut st = root_state;
             let mut i = 0;

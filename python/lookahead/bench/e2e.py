@@ -156,8 +156,6 @@ def main(argv: list[str] | None = None) -> int:
         outs = {}
         for m in order:
             out, secs, steps = run(m, ids)
-            if m == "lookahead":
-                steps_of_lookahead = steps
             if eos in out:
                 out = out[: out.index(eos) + 1]
             outs[m] = out
@@ -178,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                 s["seconds"] += next(r["seconds"] for r in reversed(records) if r["method"] == m)
                 s["prompts"] += 1
                 s["same_as_plain"] += int(outs[m] == outs["plain"])
+        forwards = next(r["forwards"] for r in reversed(records) if r["method"] == "lookahead")
         for key in (cat, "overall"):
             per["lookahead"][key].setdefault("forwards", 0)
-            per["lookahead"][key]["forwards"] += steps_of_lookahead["forwards"]
+            per["lookahead"][key]["forwards"] += forwards
 
     cols = [*[c for c in CATEGORIES if c in cats], "overall"]
     summary = {m: {} for m in METHODS}
