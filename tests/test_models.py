@@ -38,6 +38,23 @@ def test_auto_dtype_is_bf16_only_with_native_bf16(monkeypatch):
     assert models.resolve_dtype("bfloat16") == "bfloat16"
 
 
+def test_device_decides_auto_dtype_and_bad_devices_give_clear_errors(monkeypatch):
+    monkeypatch.setattr(models, "native_bf16", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert models.resolve_dtype("auto", "cuda") == "bfloat16"
+    assert models.resolve_dtype("auto", "cuda:0") == "bfloat16"
+    assert models.resolve_dtype("auto", torch.device("cpu")) == "float32"
+    assert models.resolve_dtype("float32", "cuda") == "float32"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert models.resolve_dtype("auto", "cuda") == "float32"
+    with pytest.raises(ValueError, match="device must be a torch device"):
+        models.resolve_dtype("auto", "gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA device"):
+        models.resolve_dtype("float32", "cuda")
+
+
 def test_bad_model_paths_and_dtypes_give_clear_errors(tmp_path):
     with pytest.raises(models.ModelLoadError, match="local HF model folder"):
         models.resolve_model_path(tmp_path / "missing")

@@ -52,14 +52,22 @@ def native_bf16() -> bool:
 
 def resolve_dtype(dtype: str, device="cpu") -> str:
     """`auto` → `bfloat16` on a CUDA GPU that computes it natively or on a CPU with native
-    bf16, else `float32`. (bf16 output can fork from plain decoding at near-ties: README.)"""
+    bf16, else `float32`. (bf16 output can fork from plain decoding at near-ties: README.)
+    Raises ValueError for an unknown dtype or device, or a CUDA device torch cannot see."""
     import torch
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}"
+        ) from err
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no CUDA device is available to torch here")
     if dtype != "auto":
         return dtype
-    kind = torch.device(device).type
     if kind == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     return "bfloat16" if kind == "cpu" and native_bf16() else "float32"

@@ -90,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         for q in select_questions(args.questions, args.per_category)
         if q["category"] in cats or ("mt_bench" in cats and q["category"] not in CATEGORIES)
     ]
-    args.dtype = resolve_dtype(args.dtype, args.device)
+    try:
+        args.dtype = resolve_dtype(args.dtype, args.device)
+    except ValueError as err:
+        raise SystemExit(f"lookahead bench e2e: {err}") from None
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
     eos = tok.eos_token_id
     gen = None if args.fresh_cache else LookaheadGenerator(model, tok, budget=args.budget)
