@@ -124,6 +124,24 @@ impl Arena {
         &mut self.segs[(i >> SEG_BITS) as usize][(i & SEG_MASK) as usize]
     }
 
+    /// Asks the CPU to start loading slot `i` (no-op for `NONE` or elsewhere than x86-64):
+    /// walks over many requests' tries wait on memory, and independent loads can overlap.
+    #[inline]
+    pub fn prefetch(&self, i: u32) {
+        #[cfg(target_arch = "x86_64")]
+        if i < self.slots {
+            let p: *const Node = self.get(i);
+            // SAFETY: a prefetch has no architectural effect; `p` points into a live segment.
+            #[allow(unused_unsafe)]
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = i;
+    }
+
     /// Stores `node` in a free slot (reused first) and returns its index.
     pub fn alloc(&mut self, node: Node) -> u32 {
         if self.free_head != NONE {

@@ -238,6 +238,8 @@ struct Cursors {
     nodes: Vec<u32>,
     /// Trie epoch the nodes were taken at (`u64::MAX`: rebuild before use).
     epoch: u64,
+    /// The next token's nodes while they are found (kept to reuse its allocation).
+    next: Vec<u32>,
 }
 
 impl Cursors {
@@ -254,6 +256,7 @@ impl Cursors {
         Cursors {
             nodes: Vec::new(),
             epoch: u64::MAX,
+            next: Vec::new(),
         }
     }
 }
@@ -937,9 +940,12 @@ fn count_ngrams(t: &mut Trie, cur: &mut Cursors, before: &[u32], chunk: &[u32], 
             cur.nodes.push(node);
         }
     }
-    let mut next = Vec::with_capacity(keep);
+    let mut next = std::mem::take(&mut cur.next);
     for &x in chunk {
         next.clear();
+        for &c in &cur.nodes {
+            t.arena.prefetch(t.node(c).first_child);
+        }
         let first = t.child_or_insert(ROOT, x);
         if first == NONE {
             ok = false;
@@ -966,6 +972,7 @@ fn count_ngrams(t: &mut Trie, cur: &mut Cursors, before: &[u32], chunk: &[u32], 
         }
         std::mem::swap(&mut cur.nodes, &mut next);
     }
+    cur.next = next;
     cur.epoch = if ok { t.epoch } else { u64::MAX };
 }
 

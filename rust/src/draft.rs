@@ -20,7 +20,6 @@
 //! Children with count 0 (decayed by eviction) are not candidates. Ties are broken by token
 //! id (smaller first) and, in the tree, by the order candidates were pushed.
 
-use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::arena::NONE;
@@ -85,7 +84,9 @@ pub struct Cand {
 pub struct Scratch {
     raw: Vec<(u32, u32, u32, u32, u32)>,
     /// Fresh-match states already scored: (state, room asked, best-first list).
-    memo: Vec<(State, usize, Vec<Cand>)>,
+    memo: Vec<(State, usize, std::ops::Range<usize>)>,
+    /// The memo's lists, back to back.
+    memo_cands: Vec<Cand>,
     buf: Vec<u32>,
     lower: Vec<Cand>,
     excl: Vec<u32>,
@@ -97,38 +98,33 @@ pub struct Scratch {
 struct TreeBuffers {
     cands: Vec<Cand>,
     probs: Vec<f64>,
-    heap: BinaryHeap<Item>,
+    /// Max-heap of `key(prob, seq)`; `pending[seq]` is the candidate pushed as `seq`.
+    heap: BinaryHeap<u128>,
+    pending: Vec<(u32, Cand)>,
 }
 
-struct Item {
-    prob: f64,
-    seq: u64,
-    parent: u32,
-    cand: Cand,
+/// Heap key of a candidate: probability first (non-negative, so its bits order as the
+/// numbers do), then earlier push (`seq` inverted); one integer compare per sift.
+#[inline]
+fn key(prob: f64, seq: usize) -> u128 {
+    debug_assert!(prob >= 0.0);
+    (u128::from(prob.to_bits()) << 64) | u128::from(u64::MAX - seq as u64)
 }
 
-impl PartialEq for Item {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Item {}
-impl PartialOrd for Item {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Item {
-    // Max-heap: higher probability first, then earlier push.
-    fn cmp(&self, o: &Self) -> Ordering {
-        self.prob
-            .total_cmp(&o.prob)
-            .then_with(|| o.seq.cmp(&self.seq))
-    }
+#[inline]
+fn unkey(k: u128) -> (f64, usize) {
+    (
+        f64::from_bits((k >> 64) as u64),
+        (u64::MAX - k as u64) as usize,
+    )
 }
 
 /// Keeps the best `room` candidates of `out`, best first (score desc, token asc).
 fn keep_best(out: &mut Vec<Cand>, room: usize) {
+    if out.len() <= 1 {
+        out.truncate(room);
+        return;
+    }
     let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
     if room < out.len() {
         if room == 0 {
@@ -254,17 +250,36 @@ impl Sources<'_> {
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
     ) -> f64 {
-        let ranked = if room == 0 {
+        let ranked = if room == 0 || !self.may_rank(st, room) {
             None
         } else {
             self.ranked_candidates(st, room, false, scratch, out)
                 .map(|(mass, _)| mass)
         };
         let mass = ranked.unwrap_or_else(|| self.all_candidates(st, room, scratch, out));
+        // The tree expands some of these next: start loading their first children now, so
+        // the loads overlap instead of waiting one after another.
+        let tries = [self.prompt, self.history];
         for c in out.iter_mut() {
             c.child[2] = st[2] + 1;
+            for (x, t) in tries.iter().enumerate() {
+                if let (Some(t), true) = (t, c.child[x] != NONE) {
+                    t.arena.prefetch(t.node(c.child[x]).first_child);
+                }
+            }
         }
         mass
+    }
+
+    /// Whether a participating trie ranks `st`'s children in a side table long enough for
+    /// `room` (the precondition of `ranked_candidates` outside backoff).
+    #[inline]
+    fn may_rank(&self, st: State, room: usize) -> bool {
+        self.tries().into_iter().enumerate().any(|(x, (t, w))| {
+            t.filter(|_| w > 0.0 && st[x] != NONE)
+                .and_then(|t| t.side(st[x]))
+                .is_some_and(|side| room <= side.top.len() && side.sum > 0)
+        })
     }
 
     /// `None`: the ranked children do not settle the answer, score them all. With `top`, a
@@ -321,18 +336,20 @@ impl Sources<'_> {
                 Some(side) => {
                     sums[x] = side.sum;
                     kids[x] = side.num_children() as u64;
-                    bound[x] = t.node(*side.top.last().expect("room >= 1")).count;
+                    // The most an unlisted child can have (none is unlisted when the list
+                    // holds every child).
+                    if side.top.len() < side.num_children() {
+                        bound[x] = side.top.last().expect("room >= 1").count;
+                    }
                     let offer = if top { BACKOFF_TOP } else { TOP_K };
-                    for &c in side.top.iter().take(offer) {
-                        let n = t.node(c);
-                        if n.count > 0 {
-                            add(n.token, n.count, c);
+                    for r in side.top.iter().take(offer) {
+                        if r.count > 0 {
+                            add(r.token, r.count, r.child);
                         }
                     }
                 }
                 None => {
-                    for (tok, c) in t.children(st[x]) {
-                        let cnt = t.node(c).count;
+                    for (tok, c, cnt) in t.counted_children(st[x]) {
                         if cnt > 0 {
                             sums[x] += u64::from(cnt);
                             kids[x] += 1;
@@ -429,45 +446,60 @@ impl Sources<'_> {
         raw.clear();
         let mut sums = [0u64; 2];
         let mut kids = [0u64; 2];
+        let mut split = 0;
         for (x, (trie, w)) in self.tries().into_iter().enumerate() {
-            let Some(t) = trie.filter(|_| w > 0.0 && st[x] != NONE) else {
-                continue;
-            };
-            for (tok, c) in t.children(st[x]) {
-                let cnt = t.node(c).count;
-                if cnt == 0 {
-                    continue;
+            if let Some(t) = trie.filter(|_| w > 0.0 && st[x] != NONE) {
+                for (tok, c, cnt) in t.counted_children(st[x]) {
+                    if cnt == 0 {
+                        continue;
+                    }
+                    sums[x] += u64::from(cnt);
+                    kids[x] += 1;
+                    raw.push(if x == 0 {
+                        (tok, cnt, 0, c, NONE)
+                    } else {
+                        (tok, 0, cnt, NONE, c)
+                    });
                 }
-                sums[x] += u64::from(cnt);
-                kids[x] += 1;
-                raw.push(if x == 0 {
-                    (tok, cnt, 0, c, NONE)
-                } else {
-                    (tok, 0, cnt, NONE, c)
-                });
+            }
+            if x == 0 {
+                split = raw.len();
             }
         }
         if raw.is_empty() {
             return 0.0;
         }
-        if sums[0] > 0 && sums[1] > 0 {
-            // Both tries continue: merge entries of the same token.
-            raw.sort_unstable_by_key(|r| (r.0, r.3 == NONE));
+        if split > 0 && split < raw.len() {
+            // Both tries continue: fold each history entry into the prompt entry of its token.
+            if split <= 16 {
+                let mut j = split;
+                while j < raw.len() {
+                    let h = raw[j];
+                    if let Some(p) = raw[..split].iter_mut().find(|r| r.0 == h.0) {
+                        (p.2, p.4) = (h.2, h.4);
+                        raw.swap_remove(j);
+                    } else {
+                        j += 1;
+                    }
+                }
+            } else {
+                raw.sort_unstable_by_key(|r| (r.0, r.3 == NONE));
+                let mut w = 0;
+                for i in 0..raw.len() {
+                    let r = raw[i];
+                    if w > 0 && raw[w - 1].0 == r.0 {
+                        (raw[w - 1].2, raw[w - 1].4) = (r.2, r.4);
+                    } else {
+                        raw[w] = r;
+                        w += 1;
+                    }
+                }
+                raw.truncate(w);
+            }
         }
         let (wp, wo, dens) = self.weights(sums, kids);
         let wsum = wp + wo;
-        let mut i = 0;
-        while i < raw.len() {
-            let mut r = raw[i];
-            if i + 1 < raw.len() && raw[i + 1].0 == r.0 {
-                let h = raw[i + 1];
-                r.2 = h.2;
-                r.4 = h.4;
-                i += 1;
-            }
-            i += 1;
-            out.push(Self::score(&r, dens, wp, wo, wsum));
-        }
+        out.extend(raw.iter().map(|r| Self::score(r, dens, wp, wo, wsum)));
         keep_best(out, room);
         Self::mass(sums, dens, wp, wo, wsum)
     }
@@ -517,15 +549,19 @@ impl Sources<'_> {
         };
         // Fresh matches of one draft often land on the same (short) suffix: reuse its list
         // when it was computed for at least `room` entries (or was complete).
-        if let Some((_, want, cands)) = scratch.memo.iter().find(|m| m.0 == st) {
-            if *want >= room || cands.len() < *want {
+        if let Some((_, want, span)) = scratch.memo.iter().find(|m| m.0 == st) {
+            if *want >= room || span.len() < *want {
                 out.clear();
+                let cands = &scratch.memo_cands[span.clone()];
                 out.extend(cands.iter().take(room).copied());
                 return;
             }
         }
         self.candidates(st, room, scratch, out);
-        scratch.memo.push((st, room, out.clone()));
+        let start = scratch.memo_cands.len();
+        scratch.memo_cands.extend_from_slice(out);
+        let span = start..scratch.memo_cands.len();
+        scratch.memo.push((st, room, span));
     }
 
     /// Adds to `out` (the root's candidates: those of `st`, a suffix of `ctx`, whose scores
@@ -641,6 +677,7 @@ impl Sources<'_> {
         }
         let (mut scratch, mut bufs) = BUFFERS.take();
         scratch.memo.clear();
+        scratch.memo_cands.clear();
         self.grow(
             ctx,
             budget,
@@ -669,10 +706,16 @@ impl Sources<'_> {
         scratch: &mut Scratch,
         bufs: &mut TreeBuffers,
     ) {
-        let TreeBuffers { cands, probs, heap } = bufs;
+        let TreeBuffers {
+            cands,
+            probs,
+            heap,
+            pending,
+        } = bufs;
         probs.clear();
         probs.push(1.0);
         heap.clear();
+        pending.clear();
         if !multi_branch {
             let mut st = root_state;
             let mut i = 0;
@@ -691,36 +734,36 @@ impl Sources<'_> {
             }
             return;
         }
-        let mut seq = 0u64;
-        let mut push_children =
-            |heap: &mut BinaryHeap<Item>, cands: &[Cand], parent: usize, prob: f64, room: usize| {
-                for c in cands.iter().take(room) {
-                    heap.push(Item {
-                        prob: prob * c.score,
-                        seq,
-                        parent: parent as u32,
-                        cand: *c,
-                    });
-                    seq += 1;
-                }
-            };
+        let push_children = |heap: &mut BinaryHeap<u128>,
+                             pending: &mut Vec<(u32, Cand)>,
+                             cands: &[Cand],
+                             parent: usize,
+                             prob: f64,
+                             room: usize| {
+            for c in cands.iter().take(room) {
+                heap.push(key(prob * c.score, pending.len()));
+                pending.push((parent as u32, *c));
+            }
+        };
         self.expand(ctx, tree, 0, root_state, budget, scratch, cands);
-        push_children(heap, cands, 0, 1.0, budget);
+        push_children(heap, pending, cands, 0, 1.0, budget);
         while tree.num_nodes() <= budget {
-            let Some(it) = heap.pop() else {
+            let Some(k) = heap.pop() else {
                 break;
             };
+            let (prob, seq) = unkey(k);
+            let (parent, cand) = pending[seq];
             let i = tree.num_nodes();
-            tree.tokens.push(it.cand.token);
-            tree.parents.push(it.parent as i32);
-            tree.scores.push(it.prob as f32);
-            probs.push(it.prob);
+            tree.tokens.push(cand.token);
+            tree.parents.push(parent as i32);
+            tree.scores.push(prob as f32);
+            probs.push(prob);
             let room = budget + 1 - tree.num_nodes();
             if room == 0 {
                 break;
             }
-            self.expand(ctx, tree, i, Some(it.cand.child), room, scratch, cands);
-            push_children(heap, cands, i, it.prob, room);
+            self.expand(ctx, tree, i, Some(cand.child), room, scratch, cands);
+            push_children(heap, pending, cands, i, prob, room);
         }
     }
 }

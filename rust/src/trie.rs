@@ -19,6 +19,23 @@ pub const ROOT: u32 = 0;
 /// Children a side table ranks (`Side::top`).
 pub const TOP_K: usize = 32;
 
+/// One ranked child of a side table, with copies of its token and count: ranking and
+/// drafting read this array instead of visiting each child node (a cache miss apiece).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ranked {
+    pub child: u32,
+    pub token: u32,
+    pub count: u32,
+}
+
+impl Ranked {
+    /// True if `self` ranks before `o`: higher count, then smaller token.
+    #[inline]
+    fn before(&self, o: &Ranked) -> bool {
+        self.count > o.count || (self.count == o.count && self.token < o.token)
+    }
+}
+
 /// Lookup and ranking state of a node with many children.
 #[derive(Default)]
 pub struct Side {
@@ -29,8 +46,9 @@ pub struct Side {
     pub sum: u64,
     /// The best `TOP_K` children by (count desc, token asc), best first: exact while counts
     /// only grow (a bump moves a child up; a child overtaking the last one replaces it);
-    /// approximate once eviction decayed or freed children.
-    pub top: Vec<u32>,
+    /// approximate once eviction decayed or freed children. Each entry's count is the
+    /// child's count.
+    pub top: Vec<Ranked>,
 }
 
 impl Side {
@@ -94,7 +112,8 @@ impl Trie {
             .sides
             .iter()
             .map(|m| {
-                m.map.capacity() * (std::mem::size_of::<(u32, u32)>() + 1) + m.top.capacity() * 4
+                m.map.capacity() * (std::mem::size_of::<(u32, u32)>() + 1)
+                    + m.top.capacity() * std::mem::size_of::<Ranked>()
             })
             .sum();
         self.arena.bytes() + side + self.sides.capacity() * std::mem::size_of::<Side>()
@@ -142,14 +161,15 @@ impl Trie {
     /// Child of `n` with `token`, created (count 0) if missing; `NONE` when the allowance is
     /// spent.
     pub fn child_or_insert(&mut self, n: u32, token: u32) -> u32 {
-        let node = *self.arena.get(n);
+        let node = self.arena.get(n);
+        let (side, first_child) = (node.side, node.first_child);
         let mut fanout = 0usize;
-        if node.side != NONE {
-            if let Some(&c) = self.sides[node.side as usize].map.get(&token) {
+        if side != NONE {
+            if let Some(&c) = self.sides[side as usize].map.get(&token) {
                 return c;
             }
         } else {
-            let mut c = node.first_child;
+            let mut c = first_child;
             while c != NONE {
                 let cn = self.arena.get(c);
                 if cn.token == token {
@@ -164,15 +184,15 @@ impl Trie {
         }
         self.allowance -= 1;
         let mut child = Node::new(token, n);
-        child.next_sibling = node.first_child;
+        child.next_sibling = first_child;
         let c = self.arena.alloc(child);
-        if node.first_child != NONE {
-            self.arena.get_mut(node.first_child).prev_sibling = c;
+        if first_child != NONE {
+            self.arena.get_mut(first_child).prev_sibling = c;
         }
         self.arena.get_mut(n).first_child = c;
-        if node.side != NONE {
-            self.sides[node.side as usize].map.insert(token, c);
-            self.rerank(node.side, c, 0);
+        if side != NONE {
+            self.sides[side as usize].map.insert(token, c);
+            self.rerank(side, c, 0);
         } else if fanout + 1 > SIDE_AT {
             self.make_side(n);
         }
@@ -212,15 +232,12 @@ impl Trie {
         }
         all.sort_unstable();
         side.top.clear();
-        side.top.extend(all.iter().map(|e| e.2));
+        side.top.extend(all.iter().map(|e| Ranked {
+            child: e.2,
+            token: e.1,
+            count: e.0 .0,
+        }));
         self.sides[s as usize] = side;
-    }
-
-    /// True if child `a` ranks before child `b`: higher count, then smaller token.
-    #[inline]
-    fn before(&self, a: u32, b: u32) -> bool {
-        let (x, y) = (self.arena.get(a), self.arena.get(b));
-        x.count > y.count || (x.count == y.count && x.token < y.token)
     }
 
     /// Adds `by` to the count of `n`, keeping its parent's side table ranked.
@@ -239,29 +256,35 @@ impl Trie {
     }
 
     fn rerank(&mut self, s: u32, c: u32, added: u64) {
-        let mut top = std::mem::take(&mut self.sides[s as usize].top);
-        self.sides[s as usize].sum += added;
-        let mut i = match top.iter().position(|&x| x == c) {
+        let n = self.arena.get(c);
+        let me = Ranked {
+            child: c,
+            token: n.token,
+            count: n.count,
+        };
+        let evicted = self.evicted;
+        let side = &mut self.sides[s as usize];
+        side.sum += added;
+        let top = &mut side.top;
+        // While the list is exactly ranked, a child below the last entry is not in it (an
+        // entry's count only grows): no scan of the list for the long tail.
+        if !evicted && top.len() == TOP_K && me.count < top[TOP_K - 1].count {
+            return;
+        }
+        let mut i = match top.iter().position(|r| r.child == c) {
             Some(i) => i,
             None if top.len() < TOP_K => {
-                top.push(c);
+                top.push(me);
                 top.len() - 1
             }
-            None if self.before(c, *top.last().expect("TOP_K > 0")) => {
-                let last = top.len() - 1;
-                top[last] = c;
-                last
-            }
-            None => {
-                self.sides[s as usize].top = top;
-                return;
-            }
+            None if me.before(top.last().expect("TOP_K > 0")) => top.len() - 1,
+            None => return,
         };
-        while i > 0 && self.before(top[i], top[i - 1]) {
+        top[i] = me;
+        while i > 0 && top[i].before(&top[i - 1]) {
             top.swap(i, i - 1);
             i -= 1;
         }
-        self.sides[s as usize].top = top;
     }
 
     /// Sets the suffix link of `n` (if unset) to `target`, the node of `n`'s n-gram without
@@ -310,7 +333,11 @@ impl Trie {
         let p = node.parent;
         let s = self.arena.get(p).side;
         if s != NONE {
-            self.sides[s as usize].sum -= u64::from(old - (old >> 1));
+            let side = &mut self.sides[s as usize];
+            side.sum -= u64::from(old - (old >> 1));
+            if let Some(r) = side.top.iter_mut().find(|r| r.child == n) {
+                r.count = old >> 1;
+            }
         }
     }
 
@@ -455,9 +482,24 @@ impl Trie {
         }
     }
 
+    /// Iterates the children of `n` as (token, child index, count): one read per child.
+    #[inline]
+    pub fn counted_children(&self, n: u32) -> impl Iterator<Item = (u32, u32, u32)> + '_ {
+        let mut next = self.arena.get(n).first_child;
+        std::iter::from_fn(move || {
+            if next == NONE {
+                return None;
+            }
+            let c = next;
+            let node = self.arena.get(c);
+            next = node.next_sibling;
+            Some((node.token, c, node.count))
+        })
+    }
+
     /// True if `n` has a child with a positive count.
     pub fn has_continuation(&self, n: u32) -> bool {
-        self.children(n).any(|(_, c)| self.node(c).count > 0)
+        self.counted_children(n).any(|(_, _, cnt)| cnt > 0)
     }
 
     /// Unlinks and frees leaf `i` (not the root).
@@ -476,7 +518,7 @@ impl Trie {
         if ps != NONE {
             let side = &mut self.sides[ps as usize];
             side.map.remove(&node.token);
-            side.top.retain(|&x| x != i);
+            side.top.retain(|r| r.child != i);
             side.sum -= u64::from(node.count);
             if side.map.len() < SIDE_DROP {
                 self.sides[ps as usize] = Side::default();
@@ -590,9 +632,15 @@ impl Trie {
                 if side
                     .top
                     .iter()
-                    .any(|&c| c >= slots || self.node(c).parent != i)
+                    .any(|r| r.child >= slots || self.node(r.child).parent != i)
                 {
                     return bad(format!("side table of node {i} ranks a non-child"));
+                }
+                if side.top.iter().any(|r| {
+                    let n = self.node(r.child);
+                    (n.token, n.count) != (r.token, r.count)
+                }) {
+                    return bad(format!("side table of node {i} holds a stale count"));
                 }
                 // Without eviction the ranking is exact.
                 if !self.evicted {
@@ -602,7 +650,8 @@ impl Trie {
                         .collect();
                     all.sort_unstable();
                     let want: Vec<u32> = all.iter().take(TOP_K).map(|e| e.2).collect();
-                    if side.top != want {
+                    let have: Vec<u32> = side.top.iter().map(|r| r.child).collect();
+                    if have != want {
                         return bad(format!(
                             "side table of node {i} ranks {:?}, want {want:?}",
                             side.top

@@ -64,11 +64,13 @@ impl PyDraft {
 /// object has to live as their base).
 pub fn to_py<'py>(py: Python<'py>, d: &DraftTree) -> PyResult<Bound<'py, PyDraft>> {
     // Ids >= 2**31 keep their bit pattern (view the array as uint32 to read them back).
-    let tokens: Vec<i32> = d.tokens.iter().map(|&x| x as i32).collect();
+    // SAFETY: u32 and i32 have the same size and alignment, and every bit pattern is valid.
+    let tokens: &[i32] =
+        unsafe { std::slice::from_raw_parts(d.tokens.as_ptr().cast(), d.tokens.len()) };
     Bound::new(
         py,
         PyDraft {
-            tokens: PyArray1::from_slice(py, &tokens).into_any().unbind(),
+            tokens: PyArray1::from_slice(py, tokens).into_any().unbind(),
             parents: PyArray1::from_slice(py, &d.parents).into_any().unbind(),
             scores: PyArray1::from_slice(py, &d.scores).into_any().unbind(),
             num_nodes: d.num_nodes(),
