@@ -193,20 +193,24 @@ def test_suffix_decoding_real_tree():
         d.finish_request(0)
 
 
-def test_hostcost_history_stream_and_vllm_rows():
-    from lookahead.bench.peers.hostcost import history_stream, vllm_rows
+def test_hostcost_history_stream_and_step_vs_scan_rows():
+    from lookahead.bench.peers.hostcost import history_stream, step_vs_scan_rows
 
     s = np.arange(10, dtype=np.int32)
     h = history_stream(s, 25)
     assert h.size == 25 and h[10] == 1_000_000 and h[24] == 2_000_004
-    rows = vllm_rows(np.tile(np.arange(50, dtype=np.int32), 4), [64, 128], 8, 20)
-    assert [(r["what"], r["path"]) for r in rows] == [
-        ("draft ctx 64", "vllm5-5"),
-        ("draft ctx 128", "vllm5-5"),
-        ("draft ctx 64", "vllm1-5"),
-        ("draft ctx 128", "vllm1-5"),
-    ]
-    assert all(r["p99"] >= r["p50"] > 0 for r in rows)
+    rows = step_vs_scan_rows(np.tile(np.arange(50, dtype=np.int32), 8), [64, 128], 8, 40, rounds=4)
+    timed = [(r["what"], r["path"]) for r in rows if r["unit"] == "us"]
+    assert timed == [
+        (f"{w} ctx {n}", p)
+        for n in (64, 128)
+        for w, p in (("step", "ours-api"), ("step", "ours-step"), ("draft", "vllm5-5"),
+                     ("draft", "vllm1-5"))
+    ]  # fmt: skip
+    assert all(r["p99"] >= r["p50"] > 0 for r in rows if r["unit"] == "us")
+    ratios = [r for r in rows if r["unit"] == "x"]
+    assert [r["path"] for r in ratios] == ["ours-step/vllm5-5", "ours-step/vllm1-5"] * 2
+    assert all(r["rounds"] == 4 and r["min"] <= r["median"] <= r["max"] for r in ratios)
 
 
 def test_copy_oracle_first_seen_bigrams():

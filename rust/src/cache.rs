@@ -10,7 +10,7 @@
 //! writes one trie at a time). Budget reservations, which may evict history, happen before a
 //! trie lock is taken; nothing holding a namespace lock takes another lock.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -242,16 +242,16 @@ struct Cursors {
     next: Vec<u32>,
 }
 
-impl Cursors {
-    /// The nodes, if taken at `epoch` (else none).
-    fn current(&self, epoch: u64) -> &[u32] {
-        if self.epoch == epoch {
-            &self.nodes
-        } else {
-            &[]
-        }
+/// Cursor nodes taken at trie epoch `taken`, if that is still the trie's epoch `now`.
+fn current(nodes: &[u32], taken: u64, now: u64) -> &[u32] {
+    if taken == now {
+        nodes
+    } else {
+        &[]
     }
+}
 
+impl Cursors {
     fn stale() -> Self {
         Cursors {
             nodes: Vec::new(),
@@ -313,7 +313,7 @@ impl Drop for Busy<'_> {
 /// The n-gram cache of the whole serving process.
 pub struct Cache {
     shared: Arc<Shared>,
-    requests: RwLock<HashMap<RequestId, Arc<Request>>>,
+    requests: RwLock<FxHashMap<RequestId, Arc<Request>>>,
     pool: Option<Pool>,
 }
 
@@ -547,7 +547,7 @@ impl Cache {
         shared.namespace("default");
         Ok(Cache {
             shared,
-            requests: RwLock::new(HashMap::new()),
+            requests: RwLock::new(FxHashMap::default()),
             pool,
         })
     }
@@ -620,8 +620,27 @@ impl Cache {
     /// `max_depth`) that ends at one of them, in the namespace's history and in the request's
     /// own trie (later, if that is still being built).
     pub fn extend(&self, rid: &RequestId, tokens: &[u32]) -> Result<()> {
-        let _busy = Busy::new(&self.shared);
         let req = self.request(rid)?;
+        self.extend_req(&req, tokens)
+    }
+
+    /// `extend` then `draft` with one lookup of the request; nothing is extended when
+    /// `budget` is bad.
+    pub fn step(
+        &self,
+        rid: &RequestId,
+        tokens: &[u32],
+        budget: usize,
+        multi_branch: bool,
+    ) -> Result<DraftTree> {
+        check_budget(budget)?;
+        let req = self.request(rid)?;
+        self.extend_req(&req, tokens)?;
+        self.draft_req(&req, budget, multi_branch)
+    }
+
+    fn extend_req(&self, req: &Request, tokens: &[u32]) -> Result<()> {
+        let _busy = Busy::new(&self.shared);
         let keep = self.shared.cfg.max_depth - 1;
         let mut guard = lock(&req.state);
         let st = &mut *guard;
@@ -662,8 +681,17 @@ impl Cache {
     fn draft_req(&self, req: &Request, budget: usize, multi_branch: bool) -> Result<DraftTree> {
         // Busy: a draft may hold the prompt trie of a request finished meanwhile.
         let _busy = Busy::new(&self.shared);
+        thread_local! {
+            // The request's context tail and cursors, copied out so its lock is not held
+            // while drafting (into buffers that keep their allocations).
+            static COPY: std::cell::Cell<[Vec<u32>; 3]> = Default::default();
+        }
         let (own, st) = self.own_trie(req)?;
-        let (tail, cursors, own_cursors) = (st.tail.clone(), st.history.clone(), st.own.clone());
+        let [mut tail, mut own_nodes, mut hist_nodes] = COPY.take();
+        tail.clone_from(&st.tail);
+        own_nodes.clone_from(&st.own.nodes);
+        hist_nodes.clone_from(&st.history.nodes);
+        let epochs = [st.own.epoch, st.history.epoch];
         drop(st);
         let p = read(&own.trie);
         let h = read(&req.ns.history);
@@ -674,11 +702,15 @@ impl Cache {
             prompt_weight: cfg.prompt_weight,
             output_weight: cfg.output_weight,
             max_depth: cfg.max_depth,
-            suffixes: [own_cursors.current(p.epoch), cursors.current(h.epoch)],
+            suffixes: [
+                current(&own_nodes, epochs[0], p.epoch),
+                current(&hist_nodes, epochs[1], h.epoch),
+            ],
         };
         let tree = src.draft(&tail, budget, multi_branch);
         drop(h);
         drop(p);
+        COPY.set([tail, own_nodes, hist_nodes]);
         let counter = if tree.num_nodes() > 1 {
             &self.shared.hits
         } else {
@@ -946,24 +978,20 @@ fn count_ngrams(t: &mut Trie, cur: &mut Cursors, before: &[u32], chunk: &[u32], 
         for &c in &cur.nodes {
             t.arena.prefetch(t.node(c).first_child);
         }
-        let first = t.child_or_insert(ROOT, x);
+        let first = t.count_child(ROOT, x, ROOT);
         if first == NONE {
             ok = false;
         } else {
-            t.bump(first, 1);
-            t.set_link(first, ROOT);
             next.push(first);
             // The n-grams ending at `x`, shortest first: each one's suffix link is the
             // previous one.
             let mut prev = first;
             for &c in &cur.nodes {
-                let child = t.child_or_insert(c, x);
+                let child = t.count_child(c, x, prev);
                 if child == NONE {
                     ok = false;
                     break;
                 }
-                t.bump(child, 1);
-                t.set_link(child, prev);
                 prev = child;
                 if next.len() < keep {
                     next.push(child);

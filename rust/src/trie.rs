@@ -199,6 +199,32 @@ impl Trie {
         c
     }
 
+    /// Counts one more occurrence of the n-gram `n + token` (created if missing) and sets
+    /// its suffix link to `link` if unset: `child_or_insert`, `bump` and `set_link` in one,
+    /// the way counting a text calls them for every n-gram. `NONE` when the allowance is
+    /// spent.
+    #[inline]
+    pub fn count_child(&mut self, n: u32, token: u32, link: u32) -> u32 {
+        let c = self.child_or_insert(n, token);
+        if c == NONE {
+            return NONE;
+        }
+        let side = self.arena.get(n).side;
+        let node = self.arena.get_mut(c);
+        node.count = node.count.saturating_add(1);
+        let set = node.link == NONE && link != NONE;
+        if set {
+            node.link = link;
+        }
+        if set && link != ROOT {
+            self.arena.get_mut(link).linked_by += 1;
+        }
+        if side != NONE {
+            self.rerank(side, c, 1);
+        }
+        c
+    }
+
     fn make_side(&mut self, n: u32) {
         let s = match self.free_sides.pop() {
             Some(s) => s,

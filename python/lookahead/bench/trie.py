@@ -229,6 +229,9 @@ def print_rows(rows: list[dict]) -> None:
                 tail += f"  [{r['prompts_indexed_per_s']:.1f} x 32k prompts/s indexed meanwhile]"
             print(f"{r['what']:<21} budget {r['size']:>2} {kind:5} [{r['path']:4}]  mean {r['mean']:7.2f}  "
                   f"p50 {r['p50']:7.2f}  p99 {r['p99']:8.2f} us{tail}")  # fmt: skip
+        elif r["what"].startswith("ratio"):
+            print(f"{r['what']:<21} {r['path']:<24} median {r['median']:.2f}x over {r['rounds']} "
+                  f"rounds (min {r['min']:.2f}x, max {r['max']:.2f}x)")  # fmt: skip
         else:
             print(r)
 

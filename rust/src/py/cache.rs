@@ -134,10 +134,7 @@ impl PyCache {
         let tokens = args::token_ids(tokens, "new_token_ids")?;
         let budget = args::budget(budget)?;
         let multi_branch = multi_branch.is_truthy()?;
-        let d = run(py, || {
-            self.inner.extend(&rid, &tokens)?;
-            self.inner.draft(&rid, budget, multi_branch)
-        })?;
+        let d = run(py, || self.inner.step(&rid, &tokens, budget, multi_branch))?;
         to_py(py, &d)
     }
 

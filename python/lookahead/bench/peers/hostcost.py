@@ -195,72 +195,85 @@ def suffix_rows(stream, sizes, history_tokens, budgets, iters) -> list[dict]:
     return rows
 
 
-def vllm_rows(stream, context_sizes, budget, iters) -> list[dict]:
-    """The bare vLLM n-gram scan per step over growing contexts (no index to build)."""
+def step_vs_scan_rows(stream, context_sizes, budget, iters, rounds=10) -> list[dict]:
+    """Our whole step next to vLLM's bare n-gram scan, on the same contexts, interleaved.
+
+    16 requests whose prompts are `n`-token slices of `stream`; each step feeds the token
+    that follows the request's context. Ours: `extend(rid, [token])` + `draft` (`ours-api`)
+    and the fused `step` (`ours-step`), each on its own cache; the scan: vLLM's proposer
+    (min/max n-gram 5/5 and 1/5; it keeps no index) over the same request's context at the
+    same step. The variants run in `rounds` rounds whose order rotates, so drift of the
+    machine's speed hits all alike; `ratio ctx n` rows give the median over rounds of our
+    step's mean over the scan's.
+    """
+    from lookahead import LookaheadCache
     from lookahead.bench.peers.vllm_ngram import find_longest_matched_ngram
 
+    n_req = 16
+    rounds = max(1, min(rounds, iters))
+    per = max(1, iters // rounds)
+    steps = -(-(per * rounds) // n_req) + 1
+    find_longest_matched_ngram(np.zeros(8, np.int32), 5, 5, 1 << 30, budget)  # numba JIT
+    names = ["ours-api", "ours-step", "vllm5-5", "vllm1-5"]
     rows = []
-    for min_n, max_n in ((5, 5), (1, 5)):
-        find_longest_matched_ngram(np.zeros(8, np.int32), min_n, max_n, 1 << 30, budget)
-        for n in context_sizes:
-            ctxs = _contexts(stream, 16, n)
-            ns = np.empty(iters, dtype=np.int64)
-            for i in range(iters):
-                ctx = ctxs[i % len(ctxs)]
-                t0 = time.perf_counter_ns()
-                find_longest_matched_ngram(ctx, min_n, max_n, 1 << 30, budget)
-                ns[i] = time.perf_counter_ns() - t0
+    for n in context_sizes:
+        rng = np.random.default_rng(0)
+        offs = rng.integers(0, max(1, stream.size - n - steps - 1), size=n_req)
+        # Python ints, as an engine holds its verified tokens.
+        nexts = [stream[o + n : o + n + steps].tolist() for o in offs]
+        caches = {}
+        for path in names[:2]:
+            caches[path] = LookaheadCache(background_indexing=False)
+            for r, o in enumerate(offs):
+                caches[path].start_request(r, stream[o : o + n])
+        ns: dict[str, list[np.ndarray]] = {k: [] for k in names}
+        for rd in range(rounds):
+            for k in names[rd % 4 :] + names[: rd % 4]:
+                out = np.empty(per, dtype=np.int64)
+                cache = caches.get(k)
+                lo = 5 if k == "vllm5-5" else 1
+                for j in range(per):
+                    i = rd * per + j
+                    r, q = i % n_req, i // n_req
+                    if k == "ours-api":
+                        tok = nexts[r][q : q + 1]
+                        t0 = time.perf_counter_ns()
+                        cache.extend(r, tok)
+                        cache.draft(r, budget, True)
+                    elif k == "ours-step":
+                        tok = nexts[r][q : q + 1]
+                        t0 = time.perf_counter_ns()
+                        cache.step(r, tok, budget, True)
+                    else:
+                        ctx = stream[offs[r] : offs[r] + n + q]
+                        t0 = time.perf_counter_ns()
+                        find_longest_matched_ngram(ctx, lo, 5, 1 << 30, budget)
+                    out[j] = time.perf_counter_ns() - t0
+                ns[k].append(out)
+        for k in names:
+            ours = k.startswith("ours")
             rows.append(
                 {
-                    "what": f"draft ctx {n}",
-                    "path": f"vllm{min_n}-{max_n}",
+                    "what": f"{'step' if ours else 'draft'} ctx {n}",
+                    "path": k,
                     "size": budget,
-                    "multi_branch": False,
+                    "multi_branch": ours,
                     "unit": "us",
-                    **_stats_us(ns),
+                    **_stats_us(np.concatenate(ns[k])),
                 }
             )
-    return rows
-
-
-def ours_step_rows(stream, context_sizes, budget, iters) -> list[dict]:
-    """Our per-step host cost through the Python API: `extend(rid, [token])` + `draft`, and
-    `step`, round robin over 16 requests whose prompts are `n`-token slices of `stream`; each
-    step feeds the token that follows the request's context in `stream`."""
-    from lookahead import LookaheadCache
-
-    rows = []
-    n_req = 16
-    steps = -(-iters // n_req)
-    for n in context_sizes:
-        for path in ("ours-api", "ours-step"):
-            cache = LookaheadCache(background_indexing=False)
-            rng = np.random.default_rng(0)
-            offs = rng.integers(0, max(1, stream.size - n - steps - 1), size=n_req)
-            for r, o in enumerate(offs):
-                cache.start_request(r, stream[o : o + n])
-            # Python ints, as an engine holds its verified tokens.
-            nexts = [stream[o + n : o + n + steps].tolist() for o in offs]
-            ns = np.empty(iters, dtype=np.int64)
-            for i in range(iters):
-                r = i % n_req
-                tok = nexts[r][i // n_req : i // n_req + 1]
-                if path == "ours-api":
-                    t0 = time.perf_counter_ns()
-                    cache.extend(r, tok)
-                    cache.draft(r, budget, True)
-                else:
-                    t0 = time.perf_counter_ns()
-                    cache.step(r, tok, budget, True)
-                ns[i] = time.perf_counter_ns() - t0
+        means = {k: np.array([a.mean() for a in ns[k]]) for k in names}
+        for scan in names[2:]:
+            ratio = means["ours-step"] / means[scan]
             rows.append(
                 {
-                    "what": f"step ctx {n}",
-                    "path": path,
-                    "size": budget,
-                    "multi_branch": True,
-                    "unit": "us",
-                    **_stats_us(ns),
+                    "what": f"ratio ctx {n}",
+                    "path": f"ours-step/{scan}",
+                    "rounds": rounds,
+                    "unit": "x",
+                    "median": float(np.median(ratio)),
+                    "min": float(ratio.min()),
+                    "max": float(ratio.max()),
                 }
             )
     return rows
@@ -277,8 +290,7 @@ def trie_rows(texts, stream, args) -> list[dict]:
     for name, fn in (
         ("sglang", lambda: sglang_rows(stream, sizes, history, [8, 16, 32], iters)),
         ("arctic-inference", lambda: suffix_rows(stream, sizes, history, [8, 16, 32], iters)),
-        ("vllm", lambda: vllm_rows(stream, sizes, 16, iters)),
-        ("lookahead", lambda: ours_step_rows(stream, sizes, 16, iters)),
+        ("vllm", lambda: step_vs_scan_rows(stream, sizes, 16, iters)),
     ):
         try:
             rows += fn()
