@@ -286,3 +286,46 @@ def test_default_budget_follows_the_device():
     assert LookaheadGenerator(model, budget=3).budget == 3
     meta = tiny_model("llama").to("meta")  # a device that is neither: the CPU default
     assert LookaheadGenerator(meta).budget == 8
+
+
+class _BudgetSpy:
+    """A cache that records the budget of every draft."""
+
+    def __init__(self, inner):
+        self.inner, self.budgets = inner, []
+
+    def draft(self, rid, budget, multi_branch=True):
+        self.budgets.append(budget)
+        return self.inner.draft(rid, budget=budget, multi_branch=multi_branch)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_budget_grows_after_a_deep_acceptance():
+    from lookahead.engine import DEEP_ACCEPT
+
+    model = tiny_model("llama")
+    assert LookaheadGenerator(model).max_budget == 16  # CPU default: 8, 16 after 4+ accepted
+    assert LookaheadGenerator(model, budget=3).max_budget == 3  # an explicit budget is fixed
+    assert LookaheadGenerator(model, budget=3, max_budget=12).max_budget == 12
+    assert LookaheadGenerator(model, max_budget=2).max_budget == 8  # never below the budget
+    with pytest.raises(ValueError, match="max_budget"):
+        LookaheadGenerator(model, max_budget=-1)
+    ids = repetitive_prompt(random.Random(5), VOCAB)
+    ref = hf_generate(model, ids, 48)
+    spy = _BudgetSpy(LookaheadCache())
+    gen = LookaheadGenerator(model, cache=spy, min_draft_score=0.0)
+    # The second run drafts its own earlier output from the shared history: deep acceptances.
+    assert gen.generate(ids, max_new_tokens=48, eos_token_id=None).ids == ref
+    spy.budgets.clear()
+    res = gen.generate(ids, max_new_tokens=48, eos_token_id=None)
+    assert res.ids == ref
+    assert len(spy.budgets) == res.stats.steps and spy.budgets[0] == 8
+    prev = res.stats.accepted[:-1]
+    assert spy.budgets[1:] == [16 if a >= DEEP_ACCEPT else 8 for a in prev]
+    assert 16 in spy.budgets
+    # A budget given to `generate` is a fixed width for that call.
+    spy.budgets.clear()
+    assert gen.generate(ids, max_new_tokens=48, eos_token_id=None, budget=6).ids == ref
+    assert set(spy.budgets) == {6}

@@ -26,7 +26,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--budget",
         type=int,
         default=None,
-        help="draft nodes per step (default 8)",
+        help="draft nodes per step (default 8 on CPU, 16 on GPU; given, a fixed width)",
+    )
+    p.add_argument(
+        "--max-budget",
+        type=int,
+        default=None,
+        help="draft nodes per step after a step accepted 4+ tokens (default 16 on CPU when "
+        "--budget is not given, else --budget)",
     )
     p.add_argument("--depth", type=int, default=12, help="longest n-gram stored in the trie")
     p.add_argument("--single-branch", action="store_true", help="draft one chain instead of a tree")
@@ -92,6 +99,7 @@ def _generate(args) -> int:
         model,
         tok,
         budget=args.budget,
+        max_budget=args.max_budget,
         depth=args.depth,
         multi_branch=not args.single_branch,
         min_draft_score=args.min_draft_score,
@@ -122,7 +130,9 @@ def _generate(args) -> int:
         f"draft tokens/step; prefill {s.prefill_s:.2f}s, draft {s.draft_s:.3f}s, mask "
         f"{s.mask_s:.3f}s, forward {s.forward_s:.2f}s, verify {s.verify_s:.3f}s, KV fix-up "
         f"{s.kv_s:.3f}s (host {100 * s.host_overhead:.1f}% of forward); {args.dtype}, budget "
-        f"{gen.budget}; finish: {res.finish_reason}]",
+        f"{gen.budget}"
+        + (f" ({gen.max_budget} after deep acceptance)" if gen.max_budget > gen.budget else "")
+        + f"; finish: {res.finish_reason}]",
         file=sys.stderr,
     )
     return 0
@@ -139,9 +149,10 @@ def main(argv: list | None = None) -> int:
     if getattr(args, "max_new_tokens", 1) < 1:
         print("lookahead: --max-new-tokens must be >= 1", file=sys.stderr)
         return 2
-    if getattr(args, "budget", None) is not None and args.budget < 0:
-        print("lookahead: --budget must be >= 0", file=sys.stderr)
-        return 2
+    for knob in ("budget", "max_budget"):
+        if getattr(args, knob, None) is not None and getattr(args, knob) < 0:
+            print(f"lookahead: --{knob.replace('_', '-')} must be >= 0", file=sys.stderr)
+            return 2
     if args.threads is not None:
         if args.threads < 1:
             print("lookahead: --threads must be >= 1", file=sys.stderr)

@@ -29,6 +29,14 @@ from lookahead.sampling import SamplingConfig, node_scores
 # BENCHMARKS.md §5.2), and 16 nodes accept 7% more tokens per forward than 8 (§5.3).
 # Tune with `budget=`.
 DEFAULT_BUDGET = {"cpu": 8, "cuda": 16}
+# After a step that accepted at least `DEEP_ACCEPT` draft tokens the next draft may use up to
+# `max_budget` nodes: a request that is copying gets the wider tree while it lasts, the others
+# keep the cheap one. On CPU 16 after >= 4 beats a fixed 8 and a fixed 16 in every Spec-Bench
+# category (BENCHMARKS.md §4: `benchmarks/cpu_policy.py` replays the traces under the measured
+# forward costs, +3% overall over a fixed 8, +8% on translation, and `lookahead bench e2e`
+# checks it). On a GPU the default budget is already 16: no growth by default.
+DEFAULT_MAX_BUDGET = {"cpu": 16}
+DEEP_ACCEPT = 4
 DEFAULT_DEPTH = 12
 # A draft is verified only if its expected accepted length (the sum of its nodes' path scores,
 # which track the measured mean accepted length closely: 0.47 accepted at sums 0.3-0.6, 1.11 at
@@ -151,7 +159,10 @@ class LookaheadGenerator:
 
     Outputs of earlier requests stay in the cache's shared history, so later requests can draft
     from them. `budget` is the number of draft nodes per step (default by device:
-    `DEFAULT_BUDGET`), `depth` the longest stored n-gram (used when `cache` is None).
+    `DEFAULT_BUDGET`); after a step that accepted `DEEP_ACCEPT` or more tokens the next one
+    drafts up to `max_budget` nodes (default by device, `DEFAULT_MAX_BUDGET`, when `budget` is
+    not given; else `budget`: an explicit budget is a fixed width). `depth` is the longest
+    stored n-gram (used when `cache` is None).
     """
 
     def __init__(
@@ -161,6 +172,7 @@ class LookaheadGenerator:
         cache=None,
         *,
         budget: int | None = None,
+        max_budget: int | None = None,
         depth: int = DEFAULT_DEPTH,
         multi_branch: bool = True,
         min_draft_score: float | None = None,
@@ -184,6 +196,11 @@ class LookaheadGenerator:
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
         self.budget = DEFAULT_BUDGET.get(device.type, 8) if budget is None else budget
+        if max_budget is None:
+            max_budget = DEFAULT_MAX_BUDGET.get(device.type, 0) if budget is None else 0
+        if max_budget < 0:
+            raise ValueError(f"max_budget must be >= 0, got {max_budget}")
+        self.max_budget = max(int(max_budget), self.budget)
         self.multi_branch = multi_branch
         if min_draft_score is None:
             min_draft_score = DEFAULT_MIN_DRAFT_SCORE.get(device.type, 0.0)
@@ -269,7 +286,10 @@ class LookaheadGenerator:
             raise ValueError("stop_strings need a tokenizer")
         if isinstance(stop_strings, str):
             stop_strings = [stop_strings]
-        budget = self.budget if budget is None else int(budget)
+        # A budget given here is a fixed width for this call.
+        budget, max_budget = (
+            (self.budget, self.max_budget) if budget is None else (int(budget), int(budget))
+        )
         if budget < 0:
             raise ValueError(f"budget must be >= 0, got {budget}")
         cfg = SamplingConfig(do_sample, temperature, top_k, top_p, repetition_penalty)
@@ -294,7 +314,7 @@ class LookaheadGenerator:
                 stop_ids,
                 text,
                 on_tokens,
-                budget,
+                (budget, max_budget),
                 mb,
                 stats,
             )
@@ -306,11 +326,14 @@ class LookaheadGenerator:
         return GenerationResult(ids=out, text=decoded, finish_reason=reason, stats=stats)
 
     @torch.inference_mode()
-    def _run(self, rid, ids, max_new, cfg, seed, eos, stop_ids, text, on_tokens, budget, mb, stats):
+    def _run(
+        self, rid, ids, max_new, cfg, seed, eos, stop_ids, text, on_tokens, budgets, mb, stats
+    ):
         model, dev = self.model, self._device
         perf = time.perf_counter
         t0 = perf()
         kv = new_cache(model)
+        base_budget, budget = budgets  # `budget`: the widest a step may draft
         check_cache_layers(kv, len(ids) + max_new + budget + 1)
         seq_len = len(ids) - 1
         if seq_len > 0:
@@ -336,8 +359,10 @@ class LookaheadGenerator:
         root_parents = np.array([-1], dtype=np.int32)
         while True:
             t1 = perf()
-            if budget > 0:
-                d = self.cache.draft(rid, budget=budget, multi_branch=mb)
+            deep = bool(stats.accepted) and stats.accepted[-1] >= DEEP_ACCEPT
+            b = budget if deep else base_budget
+            if b > 0:
+                d = self.cache.draft(rid, budget=b, multi_branch=mb)
                 d_parents, d_tokens = d.parents, d.tokens
                 if len(d_tokens) > 1 and float(d.scores[1:].sum()) < self.min_draft_score:
                     # Too unlikely to pay for the extra rows: verify the root alone.
@@ -436,7 +461,9 @@ class LookaheadGenerator:
 def generate(model, prompt, tokenizer=None, **kwargs) -> GenerationResult:
     """One-shot lookahead generation (a fresh `LookaheadGenerator`; see its `generate`).
 
-    Generator options (`cache`, `depth`) are taken from `kwargs` too.
+    Generator options (`cache`, `depth`, `max_budget`, `min_draft_score`) are taken from
+    `kwargs` too.
     """
-    gen_kw = {k: kwargs.pop(k) for k in ("cache", "depth") if k in kwargs}
+    opts = ("cache", "depth", "max_budget", "min_draft_score")
+    gen_kw = {k: kwargs.pop(k) for k in opts if k in kwargs}
     return LookaheadGenerator(model, tokenizer, **gen_kw).generate(prompt, **kwargs)

@@ -65,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     p.add_argument("--budget", type=int, default=None, help="lookahead draft budget")
+    p.add_argument(
+        "--max-budget",
+        type=int,
+        default=None,
+        help="lookahead draft budget after a deep acceptance (default: the engine's)",
+    )
     p.add_argument("--pld-tokens", type=int, default=10)
     p.add_argument("--fresh-cache", action="store_true", help="a new lookahead cache per prompt")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -96,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"lookahead bench e2e: {err}") from None
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
     eos = tok.eos_token_id
-    gen = None if args.fresh_cache else LookaheadGenerator(model, tok, budget=args.budget)
+    budgets = dict(budget=args.budget, max_budget=args.max_budget)
+    gen = None if args.fresh_cache else LookaheadGenerator(model, tok, **budgets)
 
     def prompt_ids(q):
         ids = tok.apply_chat_template(
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                     res = gen.generate(ids, max_new_tokens=args.max_new_tokens)
                 else:
                     res = lookahead_generate(
-                        model, ids, tok, budget=args.budget, max_new_tokens=args.max_new_tokens
+                        model, ids, tok, max_new_tokens=args.max_new_tokens, **budgets
                     )
                 st = res.stats
                 steps = {
