@@ -329,3 +329,10 @@ def test_budget_grows_after_a_deep_acceptance():
     spy.budgets.clear()
     assert gen.generate(ids, max_new_tokens=48, eos_token_id=None, budget=6).ids == ref
     assert set(spy.budgets) == {6}
+    # The one-shot `generate` takes both as generator options.
+    spy.budgets.clear()
+    kw = dict(cache=spy, budget=4, max_budget=12, min_draft_score=0.0, eos_token_id=None)
+    assert generate(model, ids, max_new_tokens=48, **kw).ids == ref
+    assert set(spy.budgets) == {4, 12}
+    with pytest.raises(ValueError, match="max_budget"):
+        LookaheadGenerator(model, max_budget=1 << 17)

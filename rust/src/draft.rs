@@ -299,7 +299,8 @@ impl Sources<'_> {
         let mut every_child = true;
         for (x, r) in ranked.iter_mut().enumerate() {
             if let Some(side) = live(x).and_then(|t| t.side(st[x])) {
-                if (top || room <= side.top.len()) && side.sum > 0 {
+                // (An evicted trie's list can be empty while children with counts remain.)
+                if (top || room <= side.top.len()) && side.sum > 0 && !side.top.is_empty() {
                     *r = Some(side);
                     every_child &= side.top.len().min(BACKOFF_TOP) == side.num_children();
                 }
@@ -335,7 +336,7 @@ impl Sources<'_> {
             match ranked[x] {
                 Some(side) => {
                     sums[x] = side.sum;
-                    kids[x] = side.num_children() as u64;
+                    kids[x] = u64::from(side.positive);
                     // The most an unlisted child can have (none is unlisted when the list
                     // holds every child).
                     if side.top.len() < side.num_children() {

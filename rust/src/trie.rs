@@ -44,6 +44,9 @@ pub struct Side {
     map: FxHashMap<u32, u32>,
     /// Sum of the children's counts.
     pub sum: u64,
+    /// Children with a positive count (the `D` of the draft score; count-0 children exist
+    /// after eviction's decay and as prefixes created by a cursor rebuild).
+    pub positive: u32,
     /// The best `TOP_K` children by (count desc, token asc), best first: exact while counts
     /// only grow (a bump moves a child up; a child overtaking the last one replaces it);
     /// approximate once eviction decayed or freed children. Each entry's count is the
@@ -243,12 +246,14 @@ impl Trie {
         side.owner = n;
         side.map.clear();
         side.sum = 0;
+        side.positive = 0;
         let mut all = Vec::new();
         let mut c = self.arena.get(n).first_child;
         while c != NONE {
             let cn = self.arena.get(c);
             side.map.insert(cn.token, c);
             side.sum += u64::from(cn.count);
+            side.positive += u32::from(cn.count > 0);
             all.push((std::cmp::Reverse(cn.count), cn.token, c));
             c = cn.next_sibling;
         }
@@ -291,6 +296,9 @@ impl Trie {
         let evicted = self.evicted;
         let side = &mut self.sides[s as usize];
         side.sum += added;
+        if added > 0 && u64::from(me.count) == added {
+            side.positive += 1; // was 0
+        }
         let top = &mut side.top;
         // While the list is exactly ranked, a child below the last entry is not in it (an
         // entry's count only grows): no scan of the list for the long tail.
@@ -361,6 +369,9 @@ impl Trie {
         if s != NONE {
             let side = &mut self.sides[s as usize];
             side.sum -= u64::from(old - (old >> 1));
+            if old == 1 {
+                side.positive -= 1;
+            }
             if let Some(r) = side.top.iter_mut().find(|r| r.child == n) {
                 r.count = old >> 1;
             }
@@ -546,6 +557,7 @@ impl Trie {
             side.map.remove(&node.token);
             side.top.retain(|r| r.child != i);
             side.sum -= u64::from(node.count);
+            side.positive -= u32::from(node.count > 0);
             if side.map.len() < SIDE_DROP {
                 self.sides[ps as usize] = Side::default();
                 self.free_sides.push(ps);
@@ -653,6 +665,16 @@ impl Trie {
                     return bad(format!(
                         "side table of node {i} sums {} for {sum}",
                         side.sum
+                    ));
+                }
+                let positive = self
+                    .children(i)
+                    .filter(|&(_, c)| self.node(c).count > 0)
+                    .count();
+                if side.positive as usize != positive {
+                    return bad(format!(
+                        "side table of node {i} counts {} positive children for {positive}",
+                        side.positive
                     ));
                 }
                 if side

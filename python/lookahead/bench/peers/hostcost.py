@@ -245,7 +245,8 @@ def step_vs_scan_rows(stream, context_sizes, budget, iters, rounds=10) -> list[d
                         t0 = time.perf_counter_ns()
                         cache.step(r, tok, budget, True)
                     else:
-                        ctx = stream[offs[r] : offs[r] + n + q]
+                        # The context our step drafts after: prompt + the q + 1 tokens fed so far.
+                        ctx = stream[offs[r] : offs[r] + n + q + 1]
                         t0 = time.perf_counter_ns()
                         find_longest_matched_ngram(ctx, lo, 5, 1 << 30, budget)
                     out[j] = time.perf_counter_ns() - t0
