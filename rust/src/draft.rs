@@ -119,6 +119,13 @@ fn unkey(k: u128) -> (f64, usize) {
     )
 }
 
+/// Whether `side`'s ranked list can answer for `room` candidates (backoff, `top`, takes
+/// what it lists). An evicted trie's list can be empty while children with counts remain.
+#[inline]
+fn offers(side: &Side, room: usize, top: bool) -> bool {
+    (top || room <= side.top.len()) && side.sum > 0 && !side.top.is_empty()
+}
+
 /// Keeps the best `room` candidates of `out`, best first (score desc, token asc).
 fn keep_best(out: &mut Vec<Cand>, room: usize) {
     if out.len() <= 1 {
@@ -272,13 +279,13 @@ impl Sources<'_> {
     }
 
     /// Whether a participating trie ranks `st`'s children in a side table long enough for
-    /// `room` (the precondition of `ranked_candidates` outside backoff).
+    /// `room` (else `ranked_candidates` outside backoff answers `None`).
     #[inline]
     fn may_rank(&self, st: State, room: usize) -> bool {
         self.tries().into_iter().enumerate().any(|(x, (t, w))| {
             t.filter(|_| w > 0.0 && st[x] != NONE)
                 .and_then(|t| t.side(st[x]))
-                .is_some_and(|side| room <= side.top.len() && side.sum > 0)
+                .is_some_and(|side| offers(side, room, false))
         })
     }
 
@@ -299,8 +306,7 @@ impl Sources<'_> {
         let mut every_child = true;
         for (x, r) in ranked.iter_mut().enumerate() {
             if let Some(side) = live(x).and_then(|t| t.side(st[x])) {
-                // (An evicted trie's list can be empty while children with counts remain.)
-                if (top || room <= side.top.len()) && side.sum > 0 && !side.top.is_empty() {
+                if offers(side, room, top) {
                     *r = Some(side);
                     every_child &= side.top.len().min(BACKOFF_TOP) == side.num_children();
                 }

@@ -209,21 +209,9 @@ impl Trie {
     #[inline]
     pub fn count_child(&mut self, n: u32, token: u32, link: u32) -> u32 {
         let c = self.child_or_insert(n, token);
-        if c == NONE {
-            return NONE;
-        }
-        let side = self.arena.get(n).side;
-        let node = self.arena.get_mut(c);
-        node.count = node.count.saturating_add(1);
-        let set = node.link == NONE && link != NONE;
-        if set {
-            node.link = link;
-        }
-        if set && link != ROOT {
-            self.arena.get_mut(link).linked_by += 1;
-        }
-        if side != NONE {
-            self.rerank(side, c, 1);
+        if c != NONE {
+            self.bump(c, 1);
+            self.set_link(c, link);
         }
         c
     }
@@ -519,19 +507,11 @@ impl Trie {
         }
     }
 
-    /// Iterates the children of `n` as (token, child index, count): one read per child.
+    /// Iterates the children of `n` as (token, child index, count).
     #[inline]
     pub fn counted_children(&self, n: u32) -> impl Iterator<Item = (u32, u32, u32)> + '_ {
-        let mut next = self.arena.get(n).first_child;
-        std::iter::from_fn(move || {
-            if next == NONE {
-                return None;
-            }
-            let c = next;
-            let node = self.arena.get(c);
-            next = node.next_sibling;
-            Some((node.token, c, node.count))
-        })
+        self.children(n)
+            .map(|(tok, c)| (tok, c, self.node(c).count))
     }
 
     /// True if `n` has a child with a positive count.
