@@ -22,6 +22,8 @@ def test_bad_arguments_exit_with_a_message(capsys):
     assert cli.main(["demo", "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens" in capsys.readouterr().err
     assert cli.main(["generate", "--prompt", "x", "--budget", "-1"]) == 2
+    assert cli.main(["demo", "--max-budget", "-1"]) == 2
+    assert "--max-budget must be >= 0" in capsys.readouterr().err
     assert cli.main(["demo", "--count", "0"]) == 2
     with pytest.raises(SystemExit):
         cli.main(["demo", "--dtype", "float16"])
@@ -33,7 +35,7 @@ def test_parser_defaults():
     args = cli.build_parser().parse_args(["demo"])
     assert args.dtype == "auto"
     assert args.categories == "rag,summarization"
-    assert args.budget is None and not args.single_branch
+    assert args.budget is None and args.max_budget is None and not args.single_branch
 
 
 def test_shipped_sample_and_attribution():
@@ -97,6 +99,7 @@ def test_demo_main_writes_json(tmp_path, monkeypatch, capsys):
         dtype="float32",
         max_new_tokens=10,
         budget=None,
+        max_budget=12,
         depth=8,
         single_branch=False,
         json=str(tmp_path / "out.json"),
@@ -104,6 +107,7 @@ def test_demo_main_writes_json(tmp_path, monkeypatch, capsys):
     )
     assert demo.main(args) == 0
     out = json.loads((tmp_path / "out.json").read_text())
+    assert out["max_budget"] == 12
     row = out["rows"][0]
     assert row["question_id"] == 7 and row["identical"] is True
     for key in ("plain_s", "lookahead_s", "mean_accepted", "lookahead_tokens", "category"):

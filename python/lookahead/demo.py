@@ -132,6 +132,7 @@ def run(
     *,
     max_new_tokens,
     budget=None,
+    max_budget=None,
     depth=12,
     multi_branch=True,
     min_draft_score=None,
@@ -143,6 +144,7 @@ def run(
         model,
         tokenizer,
         budget=budget,
+        max_budget=max_budget,
         depth=depth,
         multi_branch=multi_branch,
         min_draft_score=min_draft_score,
@@ -273,6 +275,7 @@ def main(args) -> int:
         prompts,
         max_new_tokens=args.max_new_tokens,
         budget=args.budget,
+        max_budget=args.max_budget,
         depth=args.depth,
         multi_branch=not args.single_branch,
         min_draft_score=getattr(args, "min_draft_score", None),
@@ -290,6 +293,7 @@ def main(args) -> int:
             "dtype": args.dtype,
             "max_new_tokens": args.max_new_tokens,
             "budget": args.budget,  # None: the engine's default for the dtype
+            "max_budget": args.max_budget,  # None: the engine's default
             "threads": torch.get_num_threads(),
             "depth": args.depth,
             "multi_branch": not args.single_branch,
