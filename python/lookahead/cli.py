@@ -26,7 +26,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--budget",
         type=int,
         default=None,
-        help="draft nodes per step (default 8 on CPU, 16 on GPU; given, a fixed width)",
+        help="draft nodes per step (default 8 on CPU, 16 on GPU; a value given here is used "
+        "on every step unless --max-budget is also given)",
     )
     p.add_argument(
         "--max-budget",
