@@ -60,8 +60,6 @@ class Prototype(ReferenceCache):
         wo=1.0,
     ):
         super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo)
-        if own and tau:
-            raise ValueError("own=True with tau is not modelled")
         self.own = own
         self.mode, self.cut, self.lowcap = mode, cut, lowcap
         self.g0, self.ge, self.rec, self.tau = g0, ge, rec, tau
@@ -94,6 +92,8 @@ class Prototype(ReferenceCache):
         start = len(r["ctx"])
         super().extend(rid, tokens)
         self._see(self.last, self.decayed, r["ctx"], start)
+        if self.own:  # the request's trie counts its outputs too: they decay there as well
+            self._see(r["last"], r["decayed"], r["ctx"], start)
         self.clock += len(r["ctx"]) - start
 
     def _value(self, r, x, key, count):

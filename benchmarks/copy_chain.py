@@ -1,0 +1,159 @@
+"""Would a copy of one occurrence (PLD-style) add to our tree? (BENCHMARKS.md §2.2)
+
+The copy-oracle copies after the one occurrence whose continuation turns out right. This
+script asks how much of that a cheap pointer into the request's own text could give, on top
+of our multi-branch draft at budget B:
+
+- `bound`: in hindsight, each of our steps accepts the longer of our tree's and a chain's
+  acceptance, the chain copying after the latest (or first) occurrence of the longest suffix
+  (at most 11 tokens) of the request's context, or of all text seen so far (`latest_all`).
+  Our steps, so positions, stay ours: an optimistic bound for adding that chain.
+- `merge q`: a real drafter: our draft at B with its scores, plus the latest-occurrence chain
+  scored `q**depth`; the best B nodes of the union are drafted (scores are monotone along
+  every path, so the kept nodes form a tree). Replayed through the simulator. `merge q r`:
+  the chain's first node scores the larger of `q` and our tree's score for it, each further
+  node `r` times its parent.
+
+    python benchmarks/copy_chain.py [TRACES] [BUDGET]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from lookahead import LookaheadCache
+from lookahead.bench.accept import accepted_length, oracle_tables, run_drafter, summarize
+from lookahead.bench.traces import read_traces
+
+MAX_SUFFIX = 11
+
+
+def copy_after(text: np.ndarray, latest: bool = True) -> int | None:
+    """Index after the latest (or first) occurrence in `text[:-1]` of the longest suffix of
+    `text` (at most `MAX_SUFFIX` tokens) that occurs there; None if the last token never did."""
+    n = len(text)
+    ends = np.flatnonzero(text[:-1] == text[-1])
+    k = 1
+    while ends.size and k < MAX_SUFFIX:
+        longer = ends[ends >= k]
+        longer = longer[text[longer - k] == text[n - 1 - k]]
+        if not longer.size:
+            break
+        ends, k = longer, k + 1
+    if not ends.size:
+        return None
+    return int(ends[-1] if latest else ends[0]) + 1
+
+
+def common_prefix(a, b) -> int:
+    m = 0
+    while m < len(a) and m < len(b) and a[m] == b[m]:
+        m += 1
+    return m
+
+
+def bound(traces, budget):
+    """Per category: (steps, ours, ours-or-chain for each chain) summed tokens per step."""
+    cache = LookaheadCache(background_indexing=False)
+    names = ("latest", "first", "latest_all")
+    seen: list[np.ndarray] = []
+    acc: dict[str, np.ndarray] = {}
+    for rid, req in enumerate(traces):
+        prompt = np.asarray(req["prompt_ids"], dtype=np.int64)
+        output = np.asarray(req["output_ids"], dtype=np.int64)
+        full = np.concatenate([prompt, output])
+        # Documents joined by -1, so no match spans two of them.
+        sep = np.array([-1])
+        hist = np.concatenate([x for s in seen for x in (s, sep)] + [sep])
+        cache.start_request(rid, prompt)
+        cache.extend(rid, output[:1])
+        row = acc.setdefault(req["category"], np.zeros(2 + len(names)))
+        pos = 1
+        while pos < len(output):
+            ctx = full[: len(prompt) + pos]
+            d = cache.draft(rid, budget, True)
+            n = d.num_nodes
+            truth = output[pos : pos + min(budget, len(output) - pos - 1)]
+            a = accepted_length(d.tokens[1:n].tolist(), (d.parents[1:n] - 1).tolist(), truth)
+            row[:2] += (1, a + 1)
+            for j, name in enumerate(names):
+                text = np.concatenate([hist, ctx]) if name == "latest_all" else ctx
+                at = copy_after(text, latest=name != "first")
+                m = 0 if at is None else common_prefix(text[at : at + len(truth)], truth)
+                row[2 + j] += max(a, m) + 1
+            cache.extend(rid, output[pos : pos + a + 1])
+            pos += a + 1
+        cache.finish_request(rid)
+        seen.append(full)
+    return names, acc
+
+
+class Merged:
+    """Our draft plus the latest-occurrence chain scored `q**depth` (or, with `r`, its first
+    node as our tree scores it, at least `q`, then `r` per node); the best B nodes."""
+
+    def __init__(self, q: float, r: float | None = None):
+        self.c = LookaheadCache(background_indexing=False)
+        self.q, self.r, self.name = q, r, f"merge q={q} r={r}"
+
+    def start_request(self, rid, prompt):
+        self.c.start_request(rid, prompt)
+
+    def draft(self, rid, ctx, budget):
+        d = self.c.draft(rid, budget, True)
+        n = d.num_nodes
+        toks, pars, sc = d.tokens[:n].tolist(), d.parents[:n].tolist(), d.scores[:n].tolist()
+        at = copy_after(np.asarray(ctx))
+        chain = [] if at is None else ctx[at : at + budget].tolist()
+        kids = {(pars[i], toks[i]): i for i in range(1, n)}
+        node, p = 0, 1.0
+        for depth, t in enumerate(chain):
+            nxt = kids.get((node, t))
+            if self.r is None or depth > 0:
+                p *= self.q if self.r is None else self.r
+            else:
+                p = max(self.q, 0.0 if nxt is None else sc[nxt])
+            if nxt is None:
+                toks.append(t)
+                pars.append(node)
+                sc.append(p)
+                nxt = kids[(node, t)] = len(toks) - 1
+            else:
+                sc[nxt] = max(sc[nxt], p)
+            node = nxt
+        for i in range(len(toks) - 1, 0, -1):  # children after parents: keep paths monotone
+            if pars[i] > 0:
+                sc[pars[i]] = max(sc[pars[i]], sc[i])
+        keep = sorted(sorted(range(1, len(toks)), key=lambda i: (-sc[i], i))[:budget])
+        index = {0: -1} | {i: j for j, i in enumerate(keep)}
+        return [toks[i] for i in keep], [index[pars[i]] for i in keep]
+
+    def extend(self, rid, ctx, new):
+        self.c.extend(rid, new)
+
+    def finish_request(self, rid):
+        self.c.finish_request(rid)
+
+
+def main(argv: list[str]) -> int:
+    path = argv[0] if argv else "data/traces/specbench_smollm2.jsonl.gz"
+    budget = int(argv[1]) if len(argv) > 1 else 16
+    traces = read_traces(path)
+    names, acc = bound(traces, budget)
+    cats = list(acc)
+    total = sum(acc.values())
+    print(f"B = {budget}: tokens per step at our steps | " + " ".join(cats) + " | overall")
+    for j, name in enumerate(("ours",) + tuple(f"bound {x}" for x in names)):
+        vals = [acc[c][1 + j] / acc[c][0] for c in cats] + [total[1 + j] / total[0]]
+        print(f"{name:18s} " + " ".join(f"{v:.3f}" for v in vals))
+    oracle = oracle_tables(traces, 32)
+    for q, r in ((0.3, None), (0.5, None), (0.7, None), (0.1, 0.7)):
+        s = summarize(run_drafter(Merged(q, r), traces, oracle, budget))
+        label = f"merge q={q}" + (f" r={r}" if r else "")
+        print(f"{label:18s} " + " ".join(f"{s[c]['al']:.3f}" for c in cats + ["overall"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
