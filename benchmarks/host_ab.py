@@ -1,6 +1,6 @@
 """Same-process A/B of two builds of the Rust core, next to vLLM's bare n-gram scan.
 
-    python benchmarks/host_ab.py OLD/_core.abi3.so NEW/_core.abi3.so [CTX] [ROUNDS]
+    python benchmarks/host_ab.py OLD/_core.abi3.so NEW/_core.abi3.so [CTX] [ROUNDS] [--history]
 
 Build each version (`cargo build --release --features python --manifest-path
 rust/Cargo.toml`, then copy `target/release/liblookahead_core.so` somewhere; never over the
@@ -9,7 +9,10 @@ times our whole step (`Cache.step`: extend one verified token + budget-16 tree d
 same 16 requests with CTX-token prompts (default 1,000), and vLLM's scan (min 5 / max 5, and
 min 1 / max 5) over the same contexts, in rounds of 1,600 steps whose order rotates, so drift
 of this VM's speed hits every variant alike. Prints the median over rounds of each mean, and
-per-round ratios.
+per-round ratios. `--history`: both caches first index the first half of the token stream as
+history (58k tokens of Spec-Bench; the requests' prompts come from the second half), so
+drafts also read a large shared history, as a server's do after a while; the scan reads only
+the request's context, as it always does.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def _load(tag: str, path: str):
 
 
 def main(argv: list[str]) -> int:
+    history = "--history" in argv
+    argv = [a for a in argv if a != "--history"]
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
@@ -44,12 +49,17 @@ def main(argv: list[str]) -> int:
     data = DEFAULT_DATA if DEFAULT_DATA.exists() else PACKAGED_DATA
     stream = np.ascontiguousarray(np.concatenate(spec_bench_texts(data)), dtype=np.int32)
     steps = per * rounds // n_req + 2
-    offs = np.random.default_rng(0).integers(0, max(1, stream.size - n - steps - 1), size=n_req)
+    hist_end = stream.size // 2 if history else 0
+    offs = np.random.default_rng(0).integers(
+        hist_end, max(hist_end + 1, stream.size - n - steps - 1), n_req
+    )
     nexts = [stream[o + n : o + n + steps].tolist() for o in offs]
     caches = {}
     for k, m in mods.items():
         # The defaults of `LookaheadCache`, background indexing off.
         c = m.Cache(12, 4_000_000, 4.0, 1.0, False, False, 0)
+        if history:
+            c.add_history([stream[:hist_end].tolist()], "default")
         for r, o in enumerate(offs):
             c.start_request(r, stream[o : o + n].tolist(), "default")
         caches[k] = c
@@ -75,7 +85,7 @@ def main(argv: list[str]) -> int:
             res[k].append(ns.mean() / 1e3)
     m = {k: np.array(v) for k, v in res.items()}
     print(
-        f"ctx {n}, {rounds} rounds x {per} steps; mean µs per step (median over rounds): "
+        f"ctx {n}{', history ' + str(hist_end) if history else ''}, {rounds} rounds x {per} steps; mean µs per step (median over rounds): "
         + "  ".join(f"{k} {np.median(v):.2f}" for k, v in m.items())
     )
     for k in ("old", "new"):

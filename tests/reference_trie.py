@@ -8,6 +8,9 @@ rust/README.md ("Drafting") literally:
   ending at each token passed to `extend` for it;
 - namespace history: for every token passed to `extend` (and every prompt merged on finish,
   and every `add_history` text), the n-grams ending at that token;
+- candidates: a trie whose n-gram has more than TOP_K continuations offers only its TOP_K
+  best (count desc, token asc), the other trie its own (or its TOP_K best); each offered token
+  is scored with both tries' counts;
 - match: the longest suffix (<= max_depth - 1 tokens) of the context with a continuation in a
   participating trie (weight > 0), scanning lengths from longest to shortest;
 - score(t) = (w_p * c_P/(S_P + D_P) + w_o * c_H/(S_H + D_H)) / (w_p + w_o) over the tries
@@ -34,6 +37,7 @@ BACKOFF_MIN_MASS = 0.2  # rust/src/draft.rs
 BACKOFF_PER_LEVEL = 4
 SIDE_AT = 8  # rust/src/trie.rs: nodes with more children rank them (a side table)
 BACKOFF_TOP = SIDE_AT
+TOP_K = 32  # rust/src/trie.rs: children a side table ranks, all a trie offers of one n-gram
 
 
 def _windows_into(children: Counts, text: list[int], depth: int, ends: range) -> None:
@@ -116,7 +120,8 @@ class ReferenceCache:
         return sum(terms) / wsum if wsum else 0.0
 
     def _candidates(self, r, state, top=False):
-        """Scored continuations, best first; `top`: a trie offers only its BACKOFF_TOP best."""
+        """Scored continuations, best first; a trie offers its TOP_K best (`top`: its
+        BACKOFF_TOP best)."""
         p, tracked = state
         conts = [
             self._cont(trie, p) if on else {} for (trie, _), on in zip(self._tries(r), tracked)
@@ -125,14 +130,8 @@ class ReferenceCache:
         dens = [float(sum(c.values()) + len(c)) for c in conts]
         wp = self.wp if sums[0] > 0 else 0.0
         wo = self.wo if sums[1] > 0 else 0.0
-        offered = [set(c) for c in conts]
-        if top:
-            offered = [
-                set(sorted(c, key=lambda t, c=c: (-c[t], t))[:BACKOFF_TOP])
-                if len(c) > SIDE_AT
-                else o
-                for c, o in zip(conts, offered)
-            ]
+        most = BACKOFF_TOP if top else TOP_K
+        offered = [set(sorted(c, key=lambda t, c=c: (-c[t], t))[:most]) for c in conts]
         out = []
         for t in offered[0] | offered[1]:
             cp, ch = conts[0].get(t, 0), conts[1].get(t, 0)

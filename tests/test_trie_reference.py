@@ -9,6 +9,7 @@ equal the reference's float64 path probabilities rounded to float32.
 from __future__ import annotations
 
 import numpy as np
+import reference_trie
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lookahead import LookaheadCache
@@ -74,6 +75,50 @@ def test_drafts_match_reference(depth, w, keep, background, ops):
         for budget, multi in ((1, False), (6, False), (6, True), (12, True)):
             assert_same_draft(cache, ref, rid, budget, multi)
     assert cache.stats()["evicted_nodes"] == 0
+
+
+# After the hub token 0 come up to 120 others: n-grams with more than TOP_K continuations,
+# many tied, in the prompt's trie and the history's alike.
+wide_text = st.lists(st.one_of(st.just(0), st.integers(1, 120)), min_size=60, max_size=300)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    depth=st.integers(2, 4),
+    w=weights,
+    prompt=wide_text,
+    history=st.lists(wide_text, max_size=2),
+    output=st.lists(st.one_of(st.just(0), st.integers(1, 120)), min_size=1, max_size=40),
+)
+def test_wide_ngrams_match_reference(depth, w, prompt, history, output):
+    kw = dict(max_depth=depth, prompt_weight=w[0], output_weight=w[1])
+    cache = LookaheadCache(capacity_nodes=1_000_000, background_indexing=False, **kw)
+    ref = ReferenceCache(**kw)
+    for c in (cache, ref):
+        c.add_history(history)
+        c.start_request(0, prompt)
+        c.extend(0, output)
+        c.extend(0, [0])  # end on the hub: the root has its widest choice
+    for budget, multi in ((1, False), (16, True), (40, True), (33, False)):
+        assert_same_draft(cache, ref, 0, budget, multi)
+
+
+def test_a_trie_offers_its_top_k_continuations(monkeypatch):
+    # After 0: the prompt has 200..240 and 999 once each, the history 1..32 three times each
+    # and 999 twice. 999 ranks 42nd in the prompt and 33rd in the history: neither trie
+    # offers it, though scoring every continuation would put it first
+    # ((4/84 + 2/131) / 5 against 200's 4/84 / 5).
+    prompt = [x for t in [999, *range(200, 241)] for x in (0, t)] + [0]
+    history = [x for t in [*range(1, 33)] * 3 + [999, 999] for x in (0, t)]
+    cache = LookaheadCache(max_depth=3, background_indexing=False)
+    ref = ReferenceCache(max_depth=3)
+    for c in (cache, ref):
+        c.add_history([history])
+        c.start_request(0, prompt)
+    assert cache.draft(0, budget=1, multi_branch=False).tokens.tolist() == [0, 200]
+    assert_same_draft(cache, ref, 0, 1, False)
+    monkeypatch.setattr(reference_trie, "TOP_K", 10**9)
+    assert ref.draft(0, 1, False)[0] == [0, 999]
 
 
 def test_batch_rows_equal_single_drafts():

@@ -19,6 +19,12 @@
 //! (its estimated probability).
 //! Children with count 0 (decayed by eviction) are not candidates. Ties are broken by token
 //! id (smaller first) and, in the tree, by the order candidates were pushed.
+//!
+//! Candidates of a state: a trie whose node has more than `TOP_K` children offers only its
+//! `TOP_K` best (count desc, token asc; `Side::top`), the other trie all of its own (or its
+//! `TOP_K` best); each offered token is scored with both tries' counts, `S` and `D` over all
+//! children. So a draft never visits the long tail of a short context's continuations (a
+//! unigram of a large history has thousands), whose scores are below the listed ones'.
 
 use std::collections::BinaryHeap;
 
@@ -119,11 +125,15 @@ fn unkey(k: u128) -> (f64, usize) {
     )
 }
 
-/// Whether `side`'s ranked list can answer for `room` candidates (backoff, `top`, takes
-/// what it lists). An evicted trie's list can be empty while children with counts remain.
+/// Whether `side`'s ranked list stands for its node's children: it lists the `TOP_K` best
+/// (or all) of them. Backoff (`top`) takes whatever it lists. Eviction can leave a list short
+/// (freed children leave it) or empty while children with counts remain: then every child is
+/// scored.
 #[inline]
-fn offers(side: &Side, room: usize, top: bool) -> bool {
-    (top || room <= side.top.len()) && side.sum > 0 && !side.top.is_empty()
+fn offers(side: &Side, top: bool) -> bool {
+    side.sum > 0
+        && !side.top.is_empty()
+        && (top || side.top.len() >= side.num_children().min(TOP_K))
 }
 
 /// Keeps the best `room` candidates of `out`, best first (score desc, token asc).
@@ -244,10 +254,8 @@ impl Sources<'_> {
     /// Scored continuations of `st`, best first (score desc, token asc), into `out`; only
     /// the best `room` are kept.
     ///
-    /// A node with many children keeps its `TOP_K` best children ranked (`Side::top`); when
-    /// `room` fits, only those are scored (plus the other trie's counts of the same tokens),
-    /// and the result is kept if its `room`-th score beats the best score any unranked child
-    /// could reach (threshold algorithm); otherwise every child is scored.
+    /// A trie whose node ranks its children in a side table offers its ranked list (the
+    /// `TOP_K` best), looked up in the other trie; without side tables every child is scored.
     ///
     /// Returns the sum of the scores of ALL of `st`'s candidates (not only those kept).
     pub fn candidates(
@@ -257,7 +265,7 @@ impl Sources<'_> {
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
     ) -> f64 {
-        let ranked = if room == 0 || !self.may_rank(st, room) {
+        let ranked = if room == 0 || !self.may_rank(st) {
             None
         } else {
             self.ranked_candidates(st, room, false, scratch, out)
@@ -278,20 +286,21 @@ impl Sources<'_> {
         mass
     }
 
-    /// Whether a participating trie ranks `st`'s children in a side table long enough for
-    /// `room` (else `ranked_candidates` outside backoff answers `None`).
+    /// Whether a participating trie ranks `st`'s children in a side table (else
+    /// `ranked_candidates` outside backoff answers `None`).
     #[inline]
-    fn may_rank(&self, st: State, room: usize) -> bool {
+    fn may_rank(&self, st: State) -> bool {
         self.tries().into_iter().enumerate().any(|(x, (t, w))| {
             t.filter(|_| w > 0.0 && st[x] != NONE)
                 .and_then(|t| t.side(st[x]))
-                .is_some_and(|side| offers(side, room, false))
+                .is_some_and(|side| offers(side, false))
         })
     }
 
-    /// `None`: the ranked children do not settle the answer, score them all. With `top`, a
-    /// trie with a side table offers only its ranked children (scores stay exact) and the
-    /// answer is always kept; the flag returned says whether every child was offered.
+    /// A trie with a side table offers its ranked children (`top`, backoff: only its
+    /// `BACKOFF_TOP` best), a trie without one all of its children; scores stay exact. `None`
+    /// (outside backoff only): no trie ranks, score them all. The flag returned says whether
+    /// every child was offered.
     fn ranked_candidates(
         &self,
         st: State,
@@ -306,7 +315,7 @@ impl Sources<'_> {
         let mut every_child = true;
         for (x, r) in ranked.iter_mut().enumerate() {
             if let Some(side) = live(x).and_then(|t| t.side(st[x])) {
-                if offers(side, room, top) {
+                if offers(side, top) {
                     *r = Some(side);
                     every_child &= side.top.len().min(BACKOFF_TOP) == side.num_children();
                 }
@@ -320,7 +329,6 @@ impl Sources<'_> {
         raw.clear();
         let mut sums = [0u64; 2];
         let mut kids = [0u64; 2];
-        let mut bound = [0u32; 2];
         for x in 0..2 {
             let Some(t) = live(x) else { continue };
             let y = 1 - x;
@@ -343,11 +351,6 @@ impl Sources<'_> {
                 Some(side) => {
                     sums[x] = side.sum;
                     kids[x] = u64::from(side.positive);
-                    // The most an unlisted child can have (none is unlisted when the list
-                    // holds every child).
-                    if side.top.len() < side.num_children() {
-                        bound[x] = side.top.last().expect("room >= 1").count;
-                    }
                     let offer = if top { BACKOFF_TOP } else { TOP_K };
                     for r in side.top.iter().take(offer) {
                         if r.count > 0 {
@@ -373,29 +376,10 @@ impl Sources<'_> {
         for r in raw.iter() {
             out.push(Self::score(r, dens, wp, wo, wsum));
         }
-        if top {
-            let mass = Self::mass(sums, dens, wp, wo, wsum);
-            let all = every_child && out.len() < room;
-            keep_best(out, room);
-            return Some((mass, all));
-        }
-        if out.len() < room {
-            return None;
-        }
+        let mass = Self::mass(sums, dens, wp, wo, wsum);
+        let all = every_child && out.len() < room;
         keep_best(out, room);
-        // The best score an unranked child could have.
-        let mut limit = 0.0;
-        if sums[0] > 0 && ranked[0].is_some() {
-            limit += wp * f64::from(bound[0]) / dens[0];
-        }
-        if sums[1] > 0 && ranked[1].is_some() {
-            limit += wo * f64::from(bound[1]) / dens[1];
-        }
-        // One trie alone: its ranking by (count desc, token asc) is the score order, so the
-        // ranked list is exact even when the boundary ties.
-        let alone = (0..2).filter(|&x| live(x).is_some()).count() == 1;
-        (alone || out[room - 1].score > limit / wsum)
-            .then(|| (Self::mass(sums, dens, wp, wo, wsum), false))
+        Some((mass, all))
     }
 
     /// Sum of the scores of all children of a state (`1 - mass` is its escape mass).
@@ -839,7 +823,7 @@ mod tests {
     }
 
     #[test]
-    fn ranked_candidates_equal_scoring_every_child() {
+    fn candidates_score_each_tries_listed_children_exactly() {
         let mut x = 7u64;
         let mut rnd = |n: u64| {
             x ^= x << 13;
@@ -881,10 +865,29 @@ mod tests {
                     let Some(st) = s.match_suffix(&ctx) else {
                         continue;
                     };
-                    for room in [1usize, 2, 5, 16, 32, 33] {
-                        let (mut a, mut b) = (Vec::new(), Vec::new());
+                    // The rule: a trie with more than TOP_K children offers its TOP_K best
+                    // (count desc, token asc); offered tokens are scored as scoring every
+                    // child scores them.
+                    let mut offered = std::collections::HashSet::new();
+                    for (x, (t, w)) in s.tries().into_iter().enumerate() {
+                        let Some(t) = t.filter(|_| w > 0.0 && st[x] != NONE) else {
+                            continue;
+                        };
+                        let mut kids: Vec<(u32, u32)> = t
+                            .counted_children(st[x])
+                            .filter(|k| k.2 > 0)
+                            .map(|(tok, _, cnt)| (cnt, tok))
+                            .collect();
+                        kids.sort_unstable_by_key(|&(cnt, tok)| (std::cmp::Reverse(cnt), tok));
+                        offered.extend(kids.iter().take(TOP_K).map(|k| k.1));
+                    }
+                    let mut every = Vec::new();
+                    s.all_candidates(st, usize::MAX, &mut scratch, &mut every);
+                    every.retain(|c| offered.contains(&c.token));
+                    for room in [1usize, 2, 5, 16, 32, 33, 100] {
+                        let (mut a, mut b) = (Vec::new(), every.clone());
                         s.candidates(st, room, &mut scratch, &mut a);
-                        s.all_candidates(st, room, &mut scratch, &mut b);
+                        b.truncate(room);
                         let key = |v: &Vec<Cand>| {
                             v.iter()
                                 .map(|c| (c.token, c.score.to_bits(), [c.child[0], c.child[1]]))
