@@ -125,15 +125,17 @@ fn unkey(k: u128) -> (f64, usize) {
     )
 }
 
-/// Whether `side`'s ranked list stands for its node's children: it lists the `TOP_K` best
-/// (or all) of them. Backoff (`top`) takes whatever it lists. Eviction can leave a list short
-/// (freed children leave it) or empty while children with counts remain: then every child is
-/// scored.
+/// Whether `side`'s ranked list stands for its node's children: without eviction it lists
+/// the `TOP_K` best (or all) of them. Eviction leaves lists approximate, and short where
+/// listed children were freed (refilled as other children are counted): a list still holding
+/// half of what it should answers, a shorter or empty one has every child scored (a scan
+/// on each draft of a hub until then would cost more than the approximation). Backoff
+/// (`top`) takes whatever is listed.
 #[inline]
 fn offers(side: &Side, top: bool) -> bool {
     side.sum > 0
         && !side.top.is_empty()
-        && (top || side.top.len() >= side.num_children().min(TOP_K))
+        && (top || side.top.len() >= side.num_children().min(TOP_K / 2))
 }
 
 /// Keeps the best `room` candidates of `out`, best first (score desc, token asc).
