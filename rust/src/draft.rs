@@ -334,7 +334,9 @@ impl Sources<'_> {
         for x in 0..2 {
             let Some(t) = live(x) else { continue };
             let y = 1 - x;
-            let other = live(y);
+            // A trie without a ranked list has all its children listed below: the merge
+            // after the sort pairs them with these, no walk of its sibling list per token.
+            let other = live(y).filter(|_| ranked[y].is_some());
             let mut add = |tok: u32, cnt: u32, c: u32| {
                 let (mut oc, mut on) = (0, NONE);
                 if let Some(o) = other {
@@ -372,7 +374,15 @@ impl Sources<'_> {
             }
         }
         raw.sort_unstable_by_key(|r| r.0);
-        raw.dedup_by_key(|r| r.0);
+        // One entry per token: each trie's count and child (NONE is u32::MAX).
+        raw.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                (kept.1, kept.2) = (kept.1.max(later.1), kept.2.max(later.2));
+                (kept.3, kept.4) = (kept.3.min(later.3), kept.4.min(later.4));
+            }
+            same
+        });
         let (wp, wo, dens) = self.weights(sums, kids);
         let wsum = wp + wo;
         for r in raw.iter() {
