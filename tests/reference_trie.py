@@ -37,7 +37,7 @@ BACKOFF_MIN_MASS = 0.2  # rust/src/draft.rs
 BACKOFF_PER_LEVEL = 4
 SIDE_AT = 8  # rust/src/trie.rs: nodes with more children rank them (a side table)
 BACKOFF_TOP = SIDE_AT
-TOP_K = 32  # rust/src/trie.rs: children a side table ranks, all a trie offers of one n-gram
+TOP_K = 16  # rust/src/trie.rs: children a side table ranks, all a trie offers of one n-gram
 
 
 def _windows_into(children: Counts, text: list[int], depth: int, ends: range) -> None:

@@ -105,9 +105,9 @@ def test_wide_ngrams_match_reference(depth, w, prompt, history, output):
 
 def test_a_trie_offers_its_top_k_continuations(monkeypatch):
     # After 0: the prompt has 200..240 and 999 once each, the history 1..32 three times each
-    # and 999 twice. 999 ranks 42nd in the prompt and 33rd in the history: neither trie
-    # offers it, though scoring every continuation would put it first
-    # ((4/84 + 2/131) / 5 against 200's 4/84 / 5).
+    # and 999 twice. 999 ranks last in both (below TOP_K = 16th): neither trie offers it,
+    # though scoring every continuation would put it first ((4/84 + 2/131) / 5 against
+    # 200's 4/84 / 5).
     prompt = [x for t in [999, *range(200, 241)] for x in (0, t)] + [0]
     history = [x for t in [*range(1, 33)] * 3 + [999, 999] for x in (0, t)]
     cache = LookaheadCache(max_depth=3, background_indexing=False)

@@ -17,7 +17,7 @@ const SIDE_DROP: usize = 4;
 /// The root is slot 0 of every trie and is not counted against the capacity.
 pub const ROOT: u32 = 0;
 /// Children a side table ranks (`Side::top`).
-pub const TOP_K: usize = 32;
+pub const TOP_K: usize = 16;
 
 /// One ranked child of a side table, with copies of its token and count: ranking and
 /// drafting read this array instead of visiting each child node (a cache miss apiece).
