@@ -1,6 +1,7 @@
 """Same-process A/B of two builds of the Rust core, next to vLLM's bare n-gram scan.
 
     python benchmarks/host_ab.py OLD/_core.abi3.so NEW/_core.abi3.so [CTX] [ROUNDS] [--history]
+    python benchmarks/host_ab.py OLD/_core.abi3.so NEW/_core.abi3.so --drafts [ROUNDS]
 
 Build each version (`cargo build --release --features python --manifest-path
 rust/Cargo.toml`, then copy `target/release/liblookahead_core.so` somewhere; never over the
@@ -13,6 +14,11 @@ per-round ratios. `--history`: both caches first index the first half of the tok
 history (58k tokens of Spec-Bench; the requests' prompts come from the second half), so
 drafts also read a large shared history, as a server's do after a while; the scan reads only
 the request's context, as it always does.
+
+`--drafts`: drafts alone, as `lookahead bench trie` times them (`Cache._time_drafts`, timed
+inside Rust): a history of 1M nodes (the Spec-Bench words, shifted copies), 64 requests
+with 1k-token prompts, budget 8 / 16 / 32 trees and a 16-token chain; rounds of 5,000 drafts
+alternate between the builds (default 10).
 """
 
 from __future__ import annotations
@@ -36,13 +42,54 @@ def _load(tag: str, path: str):
     return mod
 
 
+def drafts_ab(mods: dict, rounds: int) -> int:
+    """`--drafts`: both builds' drafts on the same 1M-node history and 64 requests."""
+    data = DEFAULT_DATA if DEFAULT_DATA.exists() else PACKAGED_DATA
+    texts = spec_bench_texts(data)
+    stream = np.concatenate(texts)
+    caches = {}
+    for k, m in mods.items():
+        c = m.Cache(12, 4_000_000, 4.0, 1.0, False, False, 0)
+        shift = 0
+        while c.stats()["history_nodes"] < 1_000_000:
+            # As `lookahead bench trie` builds it: later passes shift ids to add new n-grams.
+            for t in texts:
+                c.add_history([(t + np.uint32(shift)).tolist()], "default")
+                if c.stats()["history_nodes"] >= 1_000_000:
+                    break
+            shift += 1_000_000
+        rng = np.random.default_rng(0)
+        for rid in range(64):
+            off = int(rng.integers(0, stream.size - 1000 - 64))
+            c.start_request(rid, stream[off : off + 1000].tolist(), "default")
+            c.extend(rid, stream[off + 1000 : off + 1016].tolist())
+        caches[k] = c
+    rids = list(range(64))
+    for budget, multi in ((8, True), (16, True), (32, True), (16, False)):
+        res = {"old": [], "new": []}
+        for rd in range(rounds):
+            for k in ("old", "new") if rd % 2 == 0 else ("new", "old"):
+                wall, _, _ = caches[k]._time_drafts(rids, budget, multi, 5000)
+                res[k].append(np.mean(wall) / 1e3)
+        old, new = np.array(res["old"]), np.array(res["new"])
+        print(
+            f"draft budget {budget} {'tree' if multi else 'chain'}: mean µs (median over rounds) "
+            f"old {np.median(old):.2f} new {np.median(new):.2f}; new/old "
+            f"{np.median(new / old):.3f} (new cheaper in {int((new < old).sum())}/{rounds} rounds)"
+        )
+    return 0
+
+
 def main(argv: list[str]) -> int:
     history = "--history" in argv
-    argv = [a for a in argv if a != "--history"]
+    drafts = "--drafts" in argv
+    argv = [a for a in argv if a not in ("--history", "--drafts")]
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     mods = {"old": _load("old", argv[0]), "new": _load("new", argv[1])}
+    if drafts:
+        return drafts_ab(mods, int(argv[2]) if len(argv) > 2 else 10)
     n = int(argv[2]) if len(argv) > 2 else 1000
     rounds = int(argv[3]) if len(argv) > 3 else 16
     n_req, per, budget = 16, 1600, 16
