@@ -3,7 +3,9 @@
 Replays recorded traces (`lookahead bench traces`) through every drafter under one protocol:
 
 - Requests run one after another in trace order; each drafter keeps one cache for all of them,
-  so earlier outputs can help later requests. Each budget B gets fresh drafters.
+  so earlier outputs can help later requests. Each budget B gets fresh drafters. The drafters
+  take turns request by request, in an order that rotates, so a phase of the machine's speed
+  hits them alike and their host costs compare within a run.
 - At request start the drafter gets the prompt if its real integration does that, then the
   prefill's token (output[0]) as its first verified token.
 - At each step the drafter drafts at most B tokens (a chain or a tree) after the context
@@ -120,49 +122,60 @@ def run_drafter(drafter, traces, oracle_lens, budget):
     """Replay all traces through one drafter; per-request rows of accepted lengths and costs.
 
     `oracle_lens` comes from `oracle_tables`."""
-    rows = []
-    for rid, (req, (orac, first)) in enumerate(zip(traces, oracle_lens)):
-        prompt = np.asarray(req["prompt_ids"], dtype=np.int32)
-        output = np.asarray(req["output_ids"], dtype=np.int32)
-        full = np.concatenate([prompt, output])
-        n_prompt = prompt.shape[0]
-        t0 = time.perf_counter_ns()
-        drafter.start_request(rid, prompt)
-        start_ns = time.perf_counter_ns() - t0
-        drafter.extend(rid, prompt, output[:1])
-        accepted, host, over = [], [], 0
-        pos = 1
-        while pos < output.shape[0]:
-            ctx = full[: n_prompt + pos]
-            t0 = time.perf_counter_ns()
-            tokens, parents = drafter.draft(rid, ctx, budget)
-            t1 = time.perf_counter_ns()
-            check_tree(drafter.name, tokens, parents, budget)
-            cap = output.shape[0] - pos - 1
-            a = accepted_length(tokens, parents, output[pos : pos + min(budget, cap)])
-            if a and int(first[pos : pos + a].max()) > pos:
-                raise OracleViolation(
-                    f"{drafter.name} accepted {a} tokens at request {rid} (question "
-                    f"{req['question_id']}), output position {pos}, B={budget}, including a "
-                    f"bigram never seen before: a future leak"
-                )
-            over += a > min(int(orac[pos]), budget)
-            t2 = time.perf_counter_ns()
-            drafter.extend(rid, ctx, output[pos : pos + a + 1])
-            host.append((t1 - t0) + (time.perf_counter_ns() - t2))
-            accepted.append(a)
-            pos += a + 1
-        drafter.finish_request(rid)
-        rows.append(
-            {
-                "category": req["category"],
-                "accepted": accepted,
-                "host_ns": host,
-                "start_ns": start_ns,
-                "over_oracle": over,
-            }
-        )
+    return run_drafters([drafter], traces, oracle_lens, budget)[0]
+
+
+def run_drafters(drafters, traces, oracle_lens, budget):
+    """`run_drafter` for several drafters, taking turns request by request (rotating order)."""
+    rows = [[] for _ in drafters]
+    for rid, (req, lens) in enumerate(zip(traces, oracle_lens)):
+        for j in range(len(drafters)):
+            k = (rid + j) % len(drafters)
+            rows[k].append(_replay(drafters[k], rid, req, lens, budget))
     return rows
+
+
+def _replay(drafter, rid, req, lens, budget):
+    """One request through one drafter: its row of accepted lengths and costs."""
+    orac, first = lens
+    prompt = np.asarray(req["prompt_ids"], dtype=np.int32)
+    output = np.asarray(req["output_ids"], dtype=np.int32)
+    full = np.concatenate([prompt, output])
+    n_prompt = prompt.shape[0]
+    t0 = time.perf_counter_ns()
+    drafter.start_request(rid, prompt)
+    start_ns = time.perf_counter_ns() - t0
+    drafter.extend(rid, prompt, output[:1])
+    accepted, host, over = [], [], 0
+    pos = 1
+    while pos < output.shape[0]:
+        ctx = full[: n_prompt + pos]
+        t0 = time.perf_counter_ns()
+        tokens, parents = drafter.draft(rid, ctx, budget)
+        t1 = time.perf_counter_ns()
+        check_tree(drafter.name, tokens, parents, budget)
+        cap = output.shape[0] - pos - 1
+        a = accepted_length(tokens, parents, output[pos : pos + min(budget, cap)])
+        if a and int(first[pos : pos + a].max()) > pos:
+            raise OracleViolation(
+                f"{drafter.name} accepted {a} tokens at request {rid} (question "
+                f"{req['question_id']}), output position {pos}, B={budget}, including a "
+                f"bigram never seen before: a future leak"
+            )
+        over += a > min(int(orac[pos]), budget)
+        t2 = time.perf_counter_ns()
+        drafter.extend(rid, ctx, output[pos : pos + a + 1])
+        host.append((t1 - t0) + (time.perf_counter_ns() - t2))
+        accepted.append(a)
+        pos += a + 1
+    drafter.finish_request(rid)
+    return {
+        "category": req["category"],
+        "accepted": accepted,
+        "host_ns": host,
+        "start_ns": start_ns,
+        "over_oracle": over,
+    }
 
 
 def oracle_rows(traces, oracle_lens, budget):
@@ -350,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     is_default = {}
     for budget in budgets:
         summaries = {}
+        drafters = []
         for key in names:
             make, ours, default = DRAFTERS[key]
             try:
@@ -360,11 +374,15 @@ def main(argv: list[str] | None = None) -> int:
                 result["skipped"][key] = str(err)
                 print(f"skipping {key}: {err}", file=sys.stderr)
                 continue
-            t = time.perf_counter()
-            rows = run_drafter(drafter, traces, oracle_lens, budget)
-            summaries[drafter.name] = summarize(rows)
+            drafters.append(drafter)
             is_ours[drafter.name], is_default[drafter.name] = ours, default
-            print(f"B={budget} {drafter.name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        t = time.perf_counter()
+        for drafter, rows in zip(drafters, run_drafters(drafters, traces, oracle_lens, budget)):
+            summaries[drafter.name] = summarize(rows)
+        print(
+            f"B={budget}: {len(drafters)} drafters, {time.perf_counter() - t:.1f} s",
+            file=sys.stderr,
+        )
         summaries[ORACLE] = summarize(oracle_rows(traces, oracle_lens, budget))
         order = list(summaries)
         print(_fmt_table(budget, order, summaries, cats, is_ours, is_default))

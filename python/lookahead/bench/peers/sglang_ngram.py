@@ -103,3 +103,5 @@ class SglangNgramDrafter:
     def finish_request(self, rid):
         self._tails.pop(rid, None)
         self.corpus.erase_match_state([str(rid)])
+        # Untimed: the insert thread must not run on into another drafter's timed turn.
+        self.corpus.synchronize()
