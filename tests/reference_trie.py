@@ -16,7 +16,8 @@ rust/README.md ("Drafting") literally:
 - score(t) = (w_p * c_P/(S_P + D_P) + w_o * c_H/(S_H + D_H)) / (w_p + w_o) over the tries
   still tracked (S: sum of the continuations' counts, D: their number);
 - backoff, at the root only: after the candidates of the matched n-gram p come those of p's
-  shorter suffixes (longest first), tokens continuing a longer one excluded, scaled by the
+  shorter suffixes (longest first), tokens continuing a longer one (offered or not)
+  excluded, scaled by the
   escape mass left
   (product of 1 - sum of scores over the longer levels), while that mass >= BACKOFF_MIN_MASS,
   at most BACKOFF_PER_LEVEL per level, chosen among each trie's BACKOFF_TOP best
@@ -141,6 +142,13 @@ class ReferenceCache:
         out.sort(key=lambda x: (-x[0], x[1]))
         return out
 
+    def _continuations(self, r, state):
+        """Tokens with a positive count after `state`'s n-gram in a tracked trie."""
+        p, tracked = state
+        return {
+            t for (trie, _), on in zip(self._tries(r), tracked) if on for t in self._cont(trie, p)
+        }
+
     def _expand(self, r, path_tokens, state, is_root):
         cands = self._candidates(r, state) if state is not None else []
         if not cands and not is_root:
@@ -150,7 +158,9 @@ class ReferenceCache:
         if not cands or not is_root:
             return cands
         p = state[0]
-        seen = {t for _, t, _ in cands}
+        # Every continuation of a longer suffix is excluded, offered or not: its score is in
+        # that suffix's mass, not in the escape.
+        seen = self._continuations(r, state)
         left = 1.0 - self._mass(r, state)
         for k in range(len(p) - 1, 0, -1):
             if left < BACKOFF_MIN_MASS:
@@ -160,12 +170,7 @@ class ReferenceCache:
                 continue
             lower = self._candidates(r, st, top=True)
             cands += [(s * left, t, c) for s, t, c in lower if t not in seen][:BACKOFF_PER_LEVEL]
-            seen |= {
-                t
-                for (trie, _), on in zip(self._tries(r), st[1])
-                if on
-                for t in self._cont(trie, st[0])
-            }
+            seen |= self._continuations(r, st)
             left *= 1.0 - self._mass(r, st)
         cands.sort(key=lambda x: (-x[0], x[1]))
         return cands

@@ -121,6 +121,23 @@ def test_a_trie_offers_its_top_k_continuations(monkeypatch):
     assert ref.draft(0, 1, False)[0] == [0, 999]
 
 
+def test_backoff_excludes_unoffered_continuations_of_the_longer_suffix():
+    # "1 2" is followed by 100..119 once each: 20 continuations, 16 offered (100..115). "2"
+    # is followed by 119 101 times: the backoff level's best, but 119 continues "1 2" (its
+    # score is in that level's mass, not in the escape), so no budget may draft it there.
+    history = [[1, 2, t, 7] for t in range(100, 120)] + [[2, 119, 7]] * 100
+    kw = dict(max_depth=3)
+    cache = LookaheadCache(background_indexing=False, **kw)
+    ref = ReferenceCache(**kw)
+    for c in (cache, ref):
+        c.add_history(history)
+        c.start_request(0, [5, 6, 1, 2])
+    for budget, multi in ((1, False), (4, True), (16, True), (40, True)):
+        assert_same_draft(cache, ref, 0, budget, multi)
+        d = cache.draft(0, budget=budget, multi_branch=multi)
+        assert d.tokens[1] == 100 and 119 not in d.tokens[d.parents == 0].tolist()
+
+
 def test_batch_rows_equal_single_drafts():
     cache = LookaheadCache(max_depth=4, background_indexing=False)
     rng = np.random.default_rng(0)

@@ -259,21 +259,21 @@ impl Sources<'_> {
     /// A trie whose node ranks its children in a side table offers its ranked list (the
     /// `TOP_K` best), looked up in the other trie; without side tables every child is scored.
     ///
-    /// Returns the sum of the scores of ALL of `st`'s candidates (not only those kept).
+    /// Returns the sum of the scores of ALL of `st`'s candidates (not only those kept), and
+    /// whether `out` holds every continuation of `st` (none unoffered or cut by `room`).
     pub fn candidates(
         &self,
         st: State,
         room: usize,
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
-    ) -> f64 {
+    ) -> (f64, bool) {
         let ranked = if room == 0 || !self.may_rank(st) {
             None
         } else {
             self.ranked_candidates(st, room, false, scratch, out)
-                .map(|(mass, _)| mass)
         };
-        let mass = ranked.unwrap_or_else(|| self.all_candidates(st, room, scratch, out));
+        let answer = ranked.unwrap_or_else(|| self.all_candidates(st, room, scratch, out));
         // The tree expands some of these next: start loading their first children now, so
         // the loads overlap instead of waiting one after another.
         let tries = [self.prompt, self.history];
@@ -285,7 +285,7 @@ impl Sources<'_> {
                 }
             }
         }
-        mass
+        answer
     }
 
     /// Whether a participating trie ranks `st`'s children in a side table (else
@@ -314,12 +314,13 @@ impl Sources<'_> {
         let tries = self.tries();
         let live = |x: usize| tries[x].0.filter(|_| tries[x].1 > 0.0 && st[x] != NONE);
         let mut ranked: [Option<&Side>; 2] = [None, None];
+        let offer = if top { BACKOFF_TOP } else { TOP_K };
         let mut every_child = true;
         for (x, r) in ranked.iter_mut().enumerate() {
             if let Some(side) = live(x).and_then(|t| t.side(st[x])) {
                 if offers(side, top) {
                     *r = Some(side);
-                    every_child &= side.top.len().min(BACKOFF_TOP) == side.num_children();
+                    every_child &= side.top.len().min(offer) == side.num_children();
                 }
             }
         }
@@ -355,7 +356,6 @@ impl Sources<'_> {
                 Some(side) => {
                     sums[x] = side.sum;
                     kids[x] = u64::from(side.positive);
-                    let offer = if top { BACKOFF_TOP } else { TOP_K };
                     for r in side.top.iter().take(offer) {
                         if r.count > 0 {
                             add(r.token, r.count, r.child);
@@ -442,7 +442,7 @@ impl Sources<'_> {
         room: usize,
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
-    ) -> f64 {
+    ) -> (f64, bool) {
         out.clear();
         // (token, count in prompt, count in history, child in prompt, child in history)
         let raw = &mut scratch.raw;
@@ -470,7 +470,7 @@ impl Sources<'_> {
             }
         }
         if raw.is_empty() {
-            return 0.0;
+            return (0.0, true);
         }
         if split > 0 && split < raw.len() {
             // Both tries continue: fold each history entry into the prompt entry of its token.
@@ -503,8 +503,9 @@ impl Sources<'_> {
         let (wp, wo, dens) = self.weights(sums, kids);
         let wsum = wp + wo;
         out.extend(raw.iter().map(|r| Self::score(r, dens, wp, wo, wsum)));
+        let all = out.len() < room;
         keep_best(out, room);
-        Self::mass(sums, dens, wp, wo, wsum)
+        (Self::mass(sums, dens, wp, wo, wsum), all)
     }
 
     /// Continuations of draft node `i` of `tree`: those of its state, or, where that state
@@ -523,9 +524,9 @@ impl Sources<'_> {
         out: &mut Vec<Cand>,
     ) {
         if let Some(st) = st {
-            let mass = self.candidates(st, room, scratch, out);
+            let (mass, every) = self.candidates(st, room, scratch, out);
             if i == 0 {
-                self.back_off(ctx, st, mass, room, scratch, out);
+                self.back_off(ctx, st, mass, every, room, scratch, out);
                 return;
             }
             if !out.is_empty() {
@@ -568,14 +569,16 @@ impl Sources<'_> {
     }
 
     /// Adds to `out` (the root's candidates: those of `st`, a suffix of `ctx`, whose scores
-    /// sum to `mass`) those of `st`'s shorter suffixes, tokens already continuing a longer
-    /// one excluded, scaled by the escape mass left, while it is at least
+    /// sum to `mass`; `every`: all of them) those of `st`'s shorter suffixes, tokens already
+    /// continuing a longer one (offered or not) excluded, scaled by the escape mass left, while it is at least
     /// `BACKOFF_MIN_MASS`, at most `BACKOFF_PER_LEVEL` per level; keeps the best `room`.
+    #[allow(clippy::too_many_arguments)]
     fn back_off(
         &self,
         ctx: &[u32],
         st: State,
         mass: f64,
+        every: bool,
         room: usize,
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
@@ -590,7 +593,9 @@ impl Sources<'_> {
         let mut partial = std::mem::take(&mut scratch.partial);
         excl.clear();
         partial.clear();
-        if out.len() < room {
+        // Every continuation of `st` is excluded below, offered or not: its score is in
+        // `mass`, not in the escape. Listed in full: by token; else looked up.
+        if every {
             excl.extend(out.iter().map(|c| c.token));
         } else {
             partial.push(st);
