@@ -101,6 +101,10 @@ def test_wide_ngrams_match_reference(depth, w, prompt, history, output):
         c.extend(0, [0])  # end on the hub: the root has its widest choice
     for budget, multi in ((1, False), (16, True), (40, True), (33, False)):
         assert_same_draft(cache, ref, 0, budget, multi)
+    for c in (cache, ref):
+        c.extend(0, [0])  # "0 0": a wide root that backs off to the wider "0"
+    for budget, multi in ((1, False), (16, True), (40, True)):
+        assert_same_draft(cache, ref, 0, budget, multi)
 
 
 def test_a_trie_offers_its_top_k_continuations(monkeypatch):
