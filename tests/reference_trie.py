@@ -17,9 +17,8 @@ rust/README.md ("Drafting") literally:
   still tracked (S: sum of the continuations' counts, D: their number);
 - backoff, at the root only: after the candidates of the matched n-gram p come those of p's
   shorter suffixes (longest first), tokens continuing a longer one (offered or not)
-  excluded, scaled by the
-  escape mass left
-  (product of 1 - sum of scores over the longer levels), while that mass >= BACKOFF_MIN_MASS,
+  excluded, scaled by the escape mass left (product of 1 - sum of scores over the longer
+  levels), while that mass >= BACKOFF_MIN_MASS,
   at most BACKOFF_PER_LEVEL per level, chosen among each trie's BACKOFF_TOP best
   continuations (count desc, token asc);
 - single branch: argmax chain (ties: smaller token); tree: best-first by path probability,

@@ -302,7 +302,7 @@ impl Sources<'_> {
     /// A trie with a side table offers its ranked children (`top`, backoff: only its
     /// `BACKOFF_TOP` best), a trie without one all of its children; scores stay exact. `None`
     /// (outside backoff only): no trie ranks, score them all. The flag returned says whether
-    /// every child was offered.
+    /// `out` holds every continuation (every child offered, none cut by `room`).
     fn ranked_candidates(
         &self,
         st: State,
@@ -570,8 +570,9 @@ impl Sources<'_> {
 
     /// Adds to `out` (the root's candidates: those of `st`, a suffix of `ctx`, whose scores
     /// sum to `mass`; `every`: all of them) those of `st`'s shorter suffixes, tokens already
-    /// continuing a longer one (offered or not) excluded, scaled by the escape mass left, while it is at least
-    /// `BACKOFF_MIN_MASS`, at most `BACKOFF_PER_LEVEL` per level; keeps the best `room`.
+    /// continuing a longer one (offered or not) excluded, scaled by the escape mass left,
+    /// while it is at least `BACKOFF_MIN_MASS`, at most `BACKOFF_PER_LEVEL` per level; keeps
+    /// the best `room`.
     #[allow(clippy::too_many_arguments)]
     fn back_off(
         &self,
