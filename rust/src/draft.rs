@@ -156,6 +156,40 @@ fn keep_best(out: &mut Vec<Cand>, room: usize) {
     out.sort_unstable_by(better);
 }
 
+/// Merges `raw`'s entries of the same token (one per trie: the first `split` from the
+/// prompt trie, the rest from the history) into one holding both counts and children (a
+/// trie's missing side is 0 / `NONE` = u32::MAX, or both sides when looked up).
+fn fold_by_token(raw: &mut Vec<(u32, u32, u32, u32, u32)>, split: usize) {
+    let merge = |kept: &mut (u32, u32, u32, u32, u32), r: (u32, u32, u32, u32, u32)| {
+        (kept.1, kept.2) = (kept.1.max(r.1), kept.2.max(r.2));
+        (kept.3, kept.4) = (kept.3.min(r.3), kept.4.min(r.4));
+    };
+    if split == 0 || split == raw.len() {
+        return;
+    }
+    if split <= 16 {
+        let mut j = split;
+        while j < raw.len() {
+            let h = raw[j];
+            if let Some(p) = raw[..split].iter_mut().find(|r| r.0 == h.0) {
+                merge(p, h);
+                raw.swap_remove(j);
+            } else {
+                j += 1;
+            }
+        }
+    } else {
+        raw.sort_unstable_by_key(|r| r.0);
+        raw.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                merge(kept, *later);
+            }
+            same
+        });
+    }
+}
+
 impl Sources<'_> {
     fn tries(&self) -> [(Option<&Trie>, f64); 2] {
         [
@@ -268,12 +302,7 @@ impl Sources<'_> {
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
     ) -> (f64, bool) {
-        let ranked = if room == 0 || !self.may_rank(st) {
-            None
-        } else {
-            self.ranked_candidates(st, room, false, scratch, out)
-        };
-        let answer = ranked.unwrap_or_else(|| self.all_candidates(st, room, scratch, out));
+        let answer = self.scored(st, room, false, scratch, out);
         // The tree expands some of these next: start loading their first children now, so
         // the loads overlap instead of waiting one after another.
         let tries = [self.prompt, self.history];
@@ -288,29 +317,19 @@ impl Sources<'_> {
         answer
     }
 
-    /// Whether a participating trie ranks `st`'s children in a side table (else
-    /// `ranked_candidates` outside backoff answers `None`).
-    #[inline]
-    fn may_rank(&self, st: State) -> bool {
-        self.tries().into_iter().enumerate().any(|(x, (t, w))| {
-            t.filter(|_| w > 0.0 && st[x] != NONE)
-                .and_then(|t| t.side(st[x]))
-                .is_some_and(|side| offers(side, false))
-        })
-    }
-
-    /// A trie with a side table offers its ranked children (`top`, backoff: only its
-    /// `BACKOFF_TOP` best), a trie without one all of its children; scores stay exact. `None`
-    /// (outside backoff only): no trie ranks, score them all. The flag returned says whether
-    /// `out` holds every continuation (every child offered, none cut by `room`).
-    fn ranked_candidates(
+    /// The best `room` continuations of `st` into `out`, its mass, and whether `out` holds
+    /// every continuation (every child offered, none cut by `room`). A trie with a side table
+    /// offers its ranked children (`top`, backoff: only its `BACKOFF_TOP` best), looked up in
+    /// the other trie where that one ranks too; a trie without one offers all its children,
+    /// paired with the other's entries by token. Scores are exact.
+    fn scored(
         &self,
         st: State,
         room: usize,
         top: bool,
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
-    ) -> Option<(f64, bool)> {
+    ) -> (f64, bool) {
         let tries = self.tries();
         let live = |x: usize| tries[x].0.filter(|_| tries[x].1 > 0.0 && st[x] != NONE);
         let mut ranked: [Option<&Side>; 2] = [None, None];
@@ -324,74 +343,65 @@ impl Sources<'_> {
                 }
             }
         }
-        if !top && ranked.iter().all(Option::is_none) {
-            return None;
-        }
         out.clear();
+        // (token, count in prompt, count in history, child in prompt, child in history)
         let raw = &mut scratch.raw;
         raw.clear();
         let mut sums = [0u64; 2];
         let mut kids = [0u64; 2];
+        let mut split = 0;
         for x in 0..2 {
-            let Some(t) = live(x) else { continue };
-            let y = 1 - x;
-            // A trie without a ranked list has all its children listed below: the merge
-            // after the sort pairs them with these, no walk of its sibling list per token.
-            let other = live(y).filter(|_| ranked[y].is_some());
-            let mut add = |tok: u32, cnt: u32, c: u32| {
-                let (mut oc, mut on) = (0, NONE);
-                if let Some(o) = other {
-                    let n = o.find_child(st[y], tok);
-                    if n != NONE && o.node(n).count > 0 {
-                        (oc, on) = (o.node(n).count, n);
+            if let Some(t) = live(x) {
+                let y = 1 - x;
+                // Only a ranked list is looked up (a hash map); a trie without one lists all
+                // its children here, and the fold below pairs the entries by token.
+                let other = live(y).filter(|_| ranked[y].is_some());
+                let mut add = |tok: u32, cnt: u32, c: u32| {
+                    let (mut oc, mut on) = (0, NONE);
+                    if let Some(o) = other {
+                        let n = o.find_child(st[y], tok);
+                        if n != NONE && o.node(n).count > 0 {
+                            (oc, on) = (o.node(n).count, n);
+                        }
                     }
-                }
-                raw.push(if x == 0 {
-                    (tok, cnt, oc, c, on)
-                } else {
-                    (tok, oc, cnt, on, c)
-                });
-            };
-            match ranked[x] {
-                Some(side) => {
-                    sums[x] = side.sum;
-                    kids[x] = u64::from(side.positive);
-                    for r in side.top.iter().take(offer) {
-                        if r.count > 0 {
-                            add(r.token, r.count, r.child);
+                    raw.push(if x == 0 {
+                        (tok, cnt, oc, c, on)
+                    } else {
+                        (tok, oc, cnt, on, c)
+                    });
+                };
+                match ranked[x] {
+                    Some(side) => {
+                        sums[x] = side.sum;
+                        kids[x] = u64::from(side.positive);
+                        for r in side.top.iter().take(offer) {
+                            if r.count > 0 {
+                                add(r.token, r.count, r.child);
+                            }
+                        }
+                    }
+                    None => {
+                        for (tok, c, cnt) in t.counted_children(st[x]) {
+                            if cnt > 0 {
+                                sums[x] += u64::from(cnt);
+                                kids[x] += 1;
+                                add(tok, cnt, c);
+                            }
                         }
                     }
                 }
-                None => {
-                    for (tok, c, cnt) in t.counted_children(st[x]) {
-                        if cnt > 0 {
-                            sums[x] += u64::from(cnt);
-                            kids[x] += 1;
-                            add(tok, cnt, c);
-                        }
-                    }
-                }
+            }
+            if x == 0 {
+                split = raw.len();
             }
         }
-        raw.sort_unstable_by_key(|r| r.0);
-        // One entry per token: each trie's count and child (NONE is u32::MAX).
-        raw.dedup_by(|later, kept| {
-            let same = later.0 == kept.0;
-            if same {
-                (kept.1, kept.2) = (kept.1.max(later.1), kept.2.max(later.2));
-                (kept.3, kept.4) = (kept.3.min(later.3), kept.4.min(later.4));
-            }
-            same
-        });
+        fold_by_token(raw, split);
         let (wp, wo, dens) = self.weights(sums, kids);
         let wsum = wp + wo;
-        for r in raw.iter() {
-            out.push(Self::score(r, dens, wp, wo, wsum));
-        }
-        let mass = Self::mass(sums, dens, wp, wo, wsum);
+        out.extend(raw.iter().map(|r| Self::score(r, dens, wp, wo, wsum)));
         let all = every_child && out.len() < room;
         keep_best(out, room);
-        Some((mass, all))
+        (Self::mass(sums, dens, wp, wo, wsum), all)
     }
 
     /// Sum of the scores of all children of a state (`1 - mass` is its escape mass).
@@ -434,78 +444,6 @@ impl Sources<'_> {
             score: (a + b) / wsum,
             child: [r.3, r.4, 0],
         }
-    }
-
-    fn all_candidates(
-        &self,
-        st: State,
-        room: usize,
-        scratch: &mut Scratch,
-        out: &mut Vec<Cand>,
-    ) -> (f64, bool) {
-        out.clear();
-        // (token, count in prompt, count in history, child in prompt, child in history)
-        let raw = &mut scratch.raw;
-        raw.clear();
-        let mut sums = [0u64; 2];
-        let mut kids = [0u64; 2];
-        let mut split = 0;
-        for (x, (trie, w)) in self.tries().into_iter().enumerate() {
-            if let Some(t) = trie.filter(|_| w > 0.0 && st[x] != NONE) {
-                for (tok, c, cnt) in t.counted_children(st[x]) {
-                    if cnt == 0 {
-                        continue;
-                    }
-                    sums[x] += u64::from(cnt);
-                    kids[x] += 1;
-                    raw.push(if x == 0 {
-                        (tok, cnt, 0, c, NONE)
-                    } else {
-                        (tok, 0, cnt, NONE, c)
-                    });
-                }
-            }
-            if x == 0 {
-                split = raw.len();
-            }
-        }
-        if raw.is_empty() {
-            return (0.0, true);
-        }
-        if split > 0 && split < raw.len() {
-            // Both tries continue: fold each history entry into the prompt entry of its token.
-            if split <= 16 {
-                let mut j = split;
-                while j < raw.len() {
-                    let h = raw[j];
-                    if let Some(p) = raw[..split].iter_mut().find(|r| r.0 == h.0) {
-                        (p.2, p.4) = (h.2, h.4);
-                        raw.swap_remove(j);
-                    } else {
-                        j += 1;
-                    }
-                }
-            } else {
-                raw.sort_unstable_by_key(|r| (r.0, r.3 == NONE));
-                let mut w = 0;
-                for i in 0..raw.len() {
-                    let r = raw[i];
-                    if w > 0 && raw[w - 1].0 == r.0 {
-                        (raw[w - 1].2, raw[w - 1].4) = (r.2, r.4);
-                    } else {
-                        raw[w] = r;
-                        w += 1;
-                    }
-                }
-                raw.truncate(w);
-            }
-        }
-        let (wp, wo, dens) = self.weights(sums, kids);
-        let wsum = wp + wo;
-        out.extend(raw.iter().map(|r| Self::score(r, dens, wp, wo, wsum)));
-        let all = out.len() < room;
-        keep_best(out, room);
-        (Self::mass(sums, dens, wp, wo, wsum), all)
     }
 
     /// Continuations of draft node `i` of `tree`: those of its state, or, where that state
@@ -614,9 +552,7 @@ impl Sources<'_> {
             let cap = room.min(BACKOFF_PER_LEVEL);
             let mut want = cap;
             let (next_mass, complete) = loop {
-                let (m, all) = self
-                    .ranked_candidates(next, want, true, scratch, &mut lower)
-                    .expect("top mode always answers");
+                let (m, all) = self.scored(next, want, true, scratch, &mut lower);
                 for c in lower.iter_mut() {
                     c.child[2] = next[2] + 1;
                 }
@@ -884,24 +820,35 @@ mod tests {
                         continue;
                     };
                     // The rule: a trie with more than TOP_K children offers its TOP_K best
-                    // (count desc, token asc); offered tokens are scored as scoring every
-                    // child scores them.
-                    let mut offered = std::collections::HashSet::new();
+                    // (count desc, token asc); each offered token is scored with both
+                    // tries' counts, S and D over all children.
+                    let mut offered = std::collections::BTreeSet::new();
+                    let mut counts = [std::collections::HashMap::new(), Default::default()];
+                    let (mut sums, mut kids) = ([0u64; 2], [0u64; 2]);
                     for (x, (t, w)) in s.tries().into_iter().enumerate() {
                         let Some(t) = t.filter(|_| w > 0.0 && st[x] != NONE) else {
                             continue;
                         };
-                        let mut kids: Vec<(u32, u32)> = t
-                            .counted_children(st[x])
-                            .filter(|k| k.2 > 0)
-                            .map(|(tok, _, cnt)| (cnt, tok))
-                            .collect();
-                        kids.sort_unstable_by_key(|&(cnt, tok)| (std::cmp::Reverse(cnt), tok));
-                        offered.extend(kids.iter().take(TOP_K).map(|k| k.1));
+                        let mut ranked: Vec<(u32, u32)> = Vec::new();
+                        for (tok, c, cnt) in t.counted_children(st[x]).filter(|k| k.2 > 0) {
+                            counts[x].insert(tok, (cnt, c));
+                            sums[x] += u64::from(cnt);
+                            kids[x] += 1;
+                            ranked.push((cnt, tok));
+                        }
+                        ranked.sort_unstable_by_key(|&(cnt, tok)| (std::cmp::Reverse(cnt), tok));
+                        offered.extend(ranked.iter().take(TOP_K).map(|k| k.1));
                     }
-                    let mut every = Vec::new();
-                    s.all_candidates(st, usize::MAX, &mut scratch, &mut every);
-                    every.retain(|c| offered.contains(&c.token));
+                    let (wp, wo, dens) = s.weights(sums, kids);
+                    let mut every: Vec<Cand> = offered
+                        .iter()
+                        .map(|&tok| {
+                            let (cp, np) = counts[0].get(&tok).copied().unwrap_or((0, NONE));
+                            let (ch, nh) = counts[1].get(&tok).copied().unwrap_or((0, NONE));
+                            Sources::score(&(tok, cp, ch, np, nh), dens, wp, wo, wp + wo)
+                        })
+                        .collect();
+                    every.sort_by(|x, y| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token)));
                     for room in [1usize, 2, 5, 16, 32, 33, 100] {
                         let (mut a, mut b) = (Vec::new(), every.clone());
                         s.candidates(st, room, &mut scratch, &mut a);
