@@ -647,10 +647,7 @@ impl Trie {
                         side.sum
                     ));
                 }
-                let positive = self
-                    .children(i)
-                    .filter(|&(_, c)| self.node(c).count > 0)
-                    .count();
+                let positive = self.counted_children(i).filter(|k| k.2 > 0).count();
                 if side.positive as usize != positive {
                     return bad(format!(
                         "side table of node {i} counts {} positive children for {positive}",
