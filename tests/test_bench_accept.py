@@ -189,3 +189,31 @@ def test_chaining_past_the_copy_oracle_is_counted_not_an_error(tmp_path):
     rows = accept.run_drafter(Chainer(), traces, tables, 16)
     assert rows[0]["over_oracle"] > 0
     assert sum(a + 1 for a in rows[0]["accepted"]) == 39
+
+
+def test_drafters_take_turns_and_score_as_alone(tmp_path):
+    from lookahead.bench.peers.ours import LookaheadDrafter
+
+    path = tmp_path / "t.jsonl.gz"
+    _write_traces(path)
+    traces = read_traces(path)
+    tables = accept.oracle_tables(traces, 8)
+    log = []
+
+    class Logged(LookaheadDrafter):
+        def start_request(self, rid, prompt):
+            log.append((self.name, rid))
+            super().start_request(rid, prompt)
+
+    multi, single = Logged(True), Logged(False)
+    rows = accept.run_drafters([multi, single], traces, tables, 8)
+    # Each drafter sees the requests in trace order; who goes first rotates per request.
+    assert log == [
+        (d.name, rid)
+        for rid in range(6)
+        for d in ((multi, single) if rid % 2 == 0 else (single, multi))
+    ]
+    # Taking turns changes nothing a drafter drafts: its rows equal a run alone.
+    for mb, got in ((True, rows[0]), (False, rows[1])):
+        alone = accept.run_drafter(LookaheadDrafter(mb), traces, tables, 8)
+        assert [r["accepted"] for r in got] == [r["accepted"] for r in alone]
