@@ -29,8 +29,15 @@ import sys
 import time
 
 import numpy as np
+from lookahead import LookaheadCache
 from lookahead.bench.peers.vllm_ngram import find_longest_matched_ngram
-from lookahead.bench.trie import DEFAULT_DATA, PACKAGED_DATA, spec_bench_texts
+from lookahead.bench.trie import (
+    DEFAULT_DATA,
+    PACKAGED_DATA,
+    fill_history,
+    spec_bench_texts,
+    start_drafting_requests,
+)
 
 
 def _load(tag: str, path: str):
@@ -49,22 +56,11 @@ def drafts_ab(mods: dict, rounds: int) -> int:
     stream = np.concatenate(texts)
     caches = {}
     for k, m in mods.items():
-        c = m.Cache(12, 4_000_000, 4.0, 1.0, False, False, 0)
-        shift = 0
-        while c.stats()["history_nodes"] < 1_000_000:
-            # As `lookahead bench trie` builds it: later passes shift ids to add new n-grams.
-            for t in texts:
-                c.add_history([(t + np.uint32(shift)).tolist()], "default")
-                if c.stats()["history_nodes"] >= 1_000_000:
-                    break
-            shift += 1_000_000
-        rng = np.random.default_rng(0)
-        for rid in range(64):
-            off = int(rng.integers(0, stream.size - 1000 - 64))
-            c.start_request(rid, stream[off : off + 1000].tolist(), "default")
-            c.extend(rid, stream[off + 1000 : off + 1016].tolist())
-        caches[k] = c
-    rids = list(range(64))
+        # As `lookahead bench trie` builds them, on each build's core.
+        cache = LookaheadCache(_core_cache=m.Cache(12, 4_000_000, 4.0, 1.0, False, False, 0))
+        fill_history(cache, texts, 1_000_000)
+        rids = start_drafting_requests(cache, stream, 64, 1_000)
+        caches[k] = cache._c
     for budget, multi in ((8, True), (16, True), (32, True), (16, False)):
         res = {"old": [], "new": []}
         for rd in range(rounds):

@@ -115,11 +115,9 @@ def bench_insert(stream: np.ndarray, depth: int, sizes: list[int], reps: int) ->
     return rows
 
 
-def build_history(
-    texts: list[np.ndarray], depth: int, target_nodes: int
-) -> tuple[LookaheadCache, dict]:
-    cache = LookaheadCache(max_depth=depth, capacity_nodes=max(4_000_000, 2 * target_nodes))
-    shift, tokens, t0 = 0, 0, time.perf_counter_ns()
+def fill_history(cache, texts: list[np.ndarray], target_nodes: int) -> int:
+    """Adds `texts` to `cache`'s history until it holds `target_nodes`; returns the tokens."""
+    shift, tokens = 0, 0
     while cache.stats()["history_nodes"] < target_nodes:
         # Later passes shift ids so they add new n-grams instead of recounting old ones.
         for t in texts:
@@ -128,6 +126,15 @@ def build_history(
             if cache.stats()["history_nodes"] >= target_nodes:
                 break
         shift += 1_000_000
+    return tokens
+
+
+def build_history(
+    texts: list[np.ndarray], depth: int, target_nodes: int
+) -> tuple[LookaheadCache, dict]:
+    cache = LookaheadCache(max_depth=depth, capacity_nodes=max(4_000_000, 2 * target_nodes))
+    t0 = time.perf_counter_ns()
+    tokens = fill_history(cache, texts, target_nodes)
     el = time.perf_counter_ns() - t0
     s = cache.stats()
     return cache, {"what": "add_history", "path": "api", "size": s["history_nodes"], "unit": "ns/token",
