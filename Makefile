@@ -38,7 +38,7 @@ lint:  ## ruff, cargo fmt, clippy
 
 .PHONY: bench
 bench:  ## host-cost benchmark of the trie (add --peers after `make peers`)
-	$(PY) -m lookahead.bench trie --json benchmarks/results/trie.json
+	$(PY) -m lookahead.bench trie --json benchmarks/results/trie.json --plot benchmarks/results/trie.png
 
 .PHONY: bench-gpu
 bench-gpu:  ## time the Triton kernels on a CUDA GPU (table + benchmarks/out/gpu_kernels.json)
@@ -51,4 +51,5 @@ peers:  ## install the benchmark peers (SGLang NGRAM corpus, SuffixDecoding, num
 
 .PHONY: bench-accept
 bench-accept:  ## acceptance simulator over the recorded traces (B = 8, 16, 32)
-	$(PY) -m lookahead.bench accept --json benchmarks/results/accept_specbench_smollm2.json
+	$(PY) -m lookahead.bench accept --json benchmarks/results/accept_specbench_smollm2.json \
+		--plot benchmarks/results/accept_specbench_smollm2.png

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
-    sub.add_parser("bench", help="benchmarks: lookahead bench {trie,accept,e2e,traces} ...")
+    sub.add_parser("bench", help="benchmarks: lookahead bench {trie,accept,e2e,traces,plot} ...")
     return parser
 
 

@@ -14,6 +14,7 @@ BENCHES = {
     "accept": "lookahead.bench.accept",  # acceptance simulator over recorded traces
     "e2e": "lookahead.bench.e2e",  # end to end on CPU against plain decoding and PLD
     "traces": "lookahead.bench.traces",  # record prompt/output traces with the default model
+    "plot": "lookahead.bench.plot",  # redraw a bench's chart from its --json file
 }
 
 

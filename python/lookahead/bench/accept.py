@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="", help="suffix for our drafters' names")
     p.add_argument("--strict", action="store_true", help="fail if a peer is not installed")
     p.add_argument("--json", default=None, help="write the full results here")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw the tables as a PNG")
     args = p.parse_args(argv)
 
     budgets = [int(b) for b in args.budgets.split(",") if b]
@@ -400,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if args.json:
         write_json(args.json, result)
+    if args.plot:
+        from lookahead.bench.plot import plot_accept
+
+        plot_accept(result, args.plot)
     return 0
 
 

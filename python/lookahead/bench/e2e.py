@@ -15,37 +15,13 @@ import argparse
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 from lookahead.bench.harness import command_line, header, write_json
+from lookahead.bench.plot import plot_e2e
 from lookahead.bench.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions
 from lookahead.models import DTYPES
 
 METHODS = ("plain", "pld", "lookahead")
-
-
-def _plot(summary, cats, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = [*cats, "overall"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.2))
-    width = 0.27
-    for i, m in enumerate(METHODS):
-        xs = [j + (i - 1) * width for j in range(len(cols))]
-        ax1.bar(xs, [summary[m][c]["tokens_per_s"] for c in cols], width, label=m)
-        if m != "plain":
-            ax2.bar(xs, [summary[m][c]["speedup"] for c in cols], width, label=m)
-    for ax, title in ((ax1, "tokens/s"), (ax2, "speed-up over plain generate")):
-        ax.set_xticks(range(len(cols)), cols, rotation=20)
-        ax.set_title(title)
-        ax.legend()
-    ax2.axhline(1.0, color="grey", lw=0.8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     if args.plot:
-        _plot(summary, [c for c in cols if c != "overall"], args.plot)
+        plot_e2e(summary, [c for c in cols if c != "overall"], args.plot)
     if args.json:
         res = header(command_line("lookahead bench e2e", argv))
         res.update({"config": vars(args), "summary": summary, "records": records})

@@ -88,6 +88,8 @@ def header(command: str) -> dict:
         "git": git_commit(),
         "machine": machine(),
         "versions": versions(),
+        # Timings are only comparable on a quiet machine: the load when the run started.
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
 
 

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import sys
 import threading
@@ -37,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from lookahead import LookaheadCache, _core
+from lookahead.bench.harness import command_line, header, write_json
 
 DEFAULT_DATA = Path("/work/shared/data/spec_bench/question.jsonl")
 PACKAGED_DATA = Path(__file__).resolve().parent.parent / "data" / "spec_bench_sample.jsonl"
@@ -198,23 +197,6 @@ def bench_concurrent(cache, rids, stream, iters, prompt_len=32_000) -> dict:
             "prompts_indexed_per_s": indexed[0] / el}  # fmt: skip
 
 
-def machine() -> dict:
-    info: dict[str, object] = {"platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "numpy": np.__version__}  # fmt: skip
-    try:
-        info["loadavg"] = os.getloadavg()
-    except OSError:
-        pass
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(
-                ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        pass
-    return info
-
-
 def print_rows(rows: list[dict]) -> None:
     for r in rows:
         if r["what"] == "index_prompt":
@@ -265,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--peers", action="store_true", help="also measure peer tries (hook)")
     ap.add_argument("--json", metavar="FILE", help="write all rows and the machine here")
+    ap.add_argument("--plot", metavar="PNG", help="draw the results as a PNG")
     args = ap.parse_args(argv)
     if args.quick:
         args.history_nodes, args.iters, args.reps = 50_000, 2_000, 2
@@ -291,11 +274,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers:
         rows += peer_rows(texts, stream, args)
     print_rows(rows)
+    out = header(command_line("lookahead bench trie", argv))
+    out.update({"bench": "trie", "data": source, "depth": args.depth, "lookahead": _core.__name__, "rows": rows})  # fmt: skip
     if args.json:
-        out = {"bench": "trie", "data": source, "depth": args.depth, "machine": machine(),
-               "lookahead": _core.__name__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows}  # fmt: skip
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        write_json(args.json, out)
         print(f"wrote {args.json}")
+    if args.plot:
+        from lookahead.bench.plot import plot_trie
+
+        plot_trie(out, args.plot)
     return 0
 
 
