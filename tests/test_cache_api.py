@@ -115,9 +115,25 @@ def test_bad_arguments(cache):
         {"prompt_weight": 0.0, "output_weight": 0.0},
         {"output_weight": float("nan")},
         {"max_depth": 2.5},
+        {"capacity_nodes": 2**70},
+        {"index_threads": 257},
+        {"index_threads": 10**5},  # refused before any thread starts
     ):
         with pytest.raises(InvalidInput):
             LookaheadCache(**kw)
+    for flag in (None, 1, "yes"):
+        with pytest.raises(InvalidInput, match="multi_branch must be a bool"):
+            cache.draft(1, multi_branch=flag)
+        with pytest.raises(InvalidInput, match="multi_branch must be a bool"):
+            cache.draft_batch([1], multi_branch=flag)
+    assert cache.draft(1, multi_branch=np.bool_(False)).num_nodes >= 1
+    # A str is iterable: drafting for its characters' requests would be silently wrong.
+    for rids in ("ab", b"ab", 1):
+        with pytest.raises(InvalidInput, match="sequence of request ids"):
+            cache.draft_batch(rids)
+    for threads in (-1, 1.5, True):
+        with pytest.raises(InvalidInput, match="threads"):
+            cache.draft_batch([1], threads=threads)
 
 
 def test_bad_arguments_change_nothing(cache):
@@ -380,10 +396,15 @@ def test_save_load_round_trip(tmp_path):
         LookaheadCache.load(tmp_path / "missing")
     with pytest.raises(errors.PersistError):
         c.save(tmp_path / "no-such-dir" / "x")
+    with pytest.raises(InvalidInput, match="background_indexing"):
+        LookaheadCache.load(path, background_indexing="no")
 
 
 def test_package_exports():
     for name in ("LookaheadCache", "Draft", "BatchDraft", "LookaheadError", "InvalidInput"):
         assert name in lookahead.__all__
+    # Every exception the package raises can be caught by name from the package.
+    for name in lookahead.errors.__all__:
+        assert name in lookahead.__all__ and getattr(lookahead, name)
     assert issubclass(UnknownRequest, KeyError) and issubclass(RequestExists, ValueError)
     assert str(UnknownRequest("request 3 is not live")) == "request 3 is not live"

@@ -189,6 +189,32 @@ def test_text_prompt_chat_free_and_result_type():
     assert d["forward_s"] > 0 and d["total_s"] >= d["forward_s"]
 
 
+def test_generators_sharing_a_cache_use_distinct_request_ids():
+    import threading
+
+    model = tiny_model("llama")
+    cache = LookaheadCache(max_depth=4)
+    cache.start_request(0, [1, 2, 3])  # the user's own request, id 0, stays live meanwhile
+    gens = [LookaheadGenerator(model, cache=cache) for _ in range(2)]
+    want = hf_generate(model, [5, 6, 5, 6], 6)
+    got, errors = [], []
+
+    def run(g):
+        try:
+            for _ in range(3):
+                got.append(g.generate([5, 6, 5, 6], max_new_tokens=6, eos_token_id=None).ids)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in gens]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and got == [want] * 6
+    assert cache.stats()["live_requests"] == 1
+
+
 def test_shared_cache_drafts_from_earlier_outputs():
     model = tiny_model("llama", seed=11)
     gen = LookaheadGenerator(model, cache=LookaheadCache(max_depth=8), budget=12)
@@ -248,6 +274,31 @@ def test_bad_input_gives_clear_errors():
         LookaheadGenerator(_NoCacheLM())
     with pytest.raises(KVCacheError, match="not an HF"):
         LookaheadGenerator(object())
+    for bad in (1.5, "8", True, 10**6):
+        with pytest.raises(ValueError, match="budget must be an int"):
+            LookaheadGenerator(model, budget=bad)
+        with pytest.raises(ValueError, match="budget must be an int"):
+            gen.generate([5, 6], max_new_tokens=4, budget=bad)
+    with pytest.raises(ValueError, match="max_budget"):
+        LookaheadGenerator(model, budget=8, max_budget=10**6)
+    with pytest.raises(ValueError, match="multi_branch must be a bool"):
+        LookaheadGenerator(model, multi_branch="no")
+    with pytest.raises(ValueError, match="multi_branch must be a bool"):
+        gen.generate([5, 6], max_new_tokens=4, multi_branch="yes")
+    with pytest.raises(ValueError, match="min_draft_score"):
+        LookaheadGenerator(model, min_draft_score="x")
+    # Token-id prompts are checked, not converted: floats, nested lists, ids out of the
+    # model's vocabulary.
+    with pytest.raises(ValueError, match="integers"):
+        gen.generate([5.7, 6.2], max_new_tokens=4)
+    with pytest.raises(ValueError, match="integers"):
+        gen.generate(torch.tensor([5.0, 6.0]), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"\[0, 128\)"):
+        gen.generate([5, VOCAB], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"\[0, 128\)"):
+        gen.generate([-1, 5], max_new_tokens=4)
+    with pytest.raises(ValueError, match="1-D"):
+        gen.generate([[[5, 6]]], max_new_tokens=4)
     # The generator stays usable after errors (no request left open in the trie).
     assert gen.generate([5, 6, 5, 6], max_new_tokens=3, eos_token_id=None).ids == hf_generate(
         model, [5, 6, 5, 6], 3

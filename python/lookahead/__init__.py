@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from lookahead.cache import BatchDraft, Draft, LookaheadCache
 from lookahead.errors import (
+    FileFormatError,
+    InternalError,
     InvalidInput,
+    InvariantError,
     LookaheadError,
+    PersistError,
     RequestExists,
     UnknownRequest,
 )
@@ -22,9 +26,13 @@ _ENGINE_NAMES = ("generate", "LookaheadGenerator", "GenerationResult", "Generati
 __all__ = [
     "BatchDraft",
     "Draft",
+    "FileFormatError",
+    "InternalError",
     "InvalidInput",
+    "InvariantError",
     "LookaheadCache",
     "LookaheadError",
+    "PersistError",
     "RequestExists",
     "UnknownRequest",
     "__version__",

@@ -10,6 +10,7 @@ rust/README.md for the design (scoring, eviction, concurrency).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -61,7 +62,7 @@ class LookaheadCache:
         keep_prompt_as_history: on finish, merge the prompt's n-grams into shared history.
         background_indexing: `start_request` returns at once and the prompt is indexed on a
             worker thread; only that request's own `draft` waits for it.
-        index_threads: background indexing threads (0: min(cores, 4)).
+        index_threads: background indexing threads (0: min(cores, 4); at most 256).
 
     All methods are thread-safe and release the GIL while the Rust core works.
     """
@@ -86,8 +87,8 @@ class LookaheadCache:
             ("capacity_nodes", capacity_nodes),
             ("index_threads", index_threads),
         ):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise InvalidInput(f"{name} must be a non-negative int, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 2**63:
+                raise InvalidInput(f"{name} must be a non-negative int below 2**63, got {v!r}")
         for name, w in (("prompt_weight", prompt_weight), ("output_weight", output_weight)):
             if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
                 raise InvalidInput(f"{name} must be a number, got {w!r}")
@@ -162,10 +163,14 @@ class LookaheadCache:
         `threads` (default: min(cores, 8)) splits batches of 32 or more requests over threads
         (at least 16 requests per thread).
         """
+        if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
+            raise InvalidInput(f"rids must be a sequence of request ids, got {rids!r}")
         if threads is None:
             threads = min(os.cpu_count() or 1, 8)
+        elif isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 0:
+            raise InvalidInput(f"threads must be a non-negative int or None, got {threads!r}")
         tokens, parents, scores, num = self._c.draft_batch(
-            list(rids), budget, multi_branch, int(threads)
+            list(rids), budget, multi_branch, min(int(threads), 1024)
         )
         return BatchDraft(tokens, parents, scores, num)
 
@@ -198,6 +203,10 @@ class LookaheadCache:
         cls, path: str | os.PathLike[str], background_indexing: bool | None = None
     ) -> LookaheadCache:
         """A cache restored from `save`; `background_indexing` overrides the saved setting."""
+        if background_indexing is not None and not isinstance(background_indexing, bool):
+            raise InvalidInput(
+                f"background_indexing must be a bool or None, got {background_indexing!r}"
+            )
         return cls(_core_cache=_core.Cache.load(os.fspath(path), background_indexing))
 
     def check_invariants(self) -> None:

@@ -147,6 +147,25 @@ class _TextTracker:
         return new
 
 
+# Request ids of every generator in this process: generators may share one cache.
+_REQUEST_IDS = itertools.count()
+
+
+def _check_budget(name: str, v) -> int:
+    """`v` as a draft budget: an int in [0, MAX_BUDGET] (bools and floats refused)."""
+    from lookahead._core import MAX_BUDGET
+
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_BUDGET:
+        raise ValueError(f"{name} must be an int in [0, {MAX_BUDGET}], got {v!r}")
+    return int(v)
+
+
+def _check_bool(name: str, v) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {v!r}")
+    return bool(v)
+
+
 def _as_id_set(x) -> set:
     if x is None:
         return set()
@@ -185,8 +204,8 @@ class LookaheadGenerator:
                 f"attention implementation {attn!r} is not supported: load the model with "
                 "attn_implementation='sdpa' (default) or 'eager' (they take a custom 4-D mask)"
             )
-        if budget is not None and budget < 0:
-            raise ValueError(f"budget must be >= 0, got {budget}")
+        if budget is not None:
+            budget = _check_budget("budget", budget)
         self.model = model
         self.tokenizer = tokenizer
         if cache is None:
@@ -199,23 +218,22 @@ class LookaheadGenerator:
         self.budget = DEFAULT_BUDGET.get(device.type, 8) if budget is None else budget
         if max_budget is None:
             max_budget = DEFAULT_MAX_BUDGET.get(device.type, 0) if budget is None else 0
-        from lookahead._core import MAX_BUDGET
-
-        if not 0 <= max_budget <= MAX_BUDGET:
-            # Checked here: the core would refuse it only at the first deep acceptance, after
-            # tokens went out.
-            raise ValueError(f"max_budget must be in [0, {MAX_BUDGET}], got {max_budget}")
-        self.max_budget = max(int(max_budget), self.budget)
-        self.multi_branch = multi_branch
+        # Checked here: the core would refuse a bad one only at the first deep acceptance,
+        # after tokens went out.
+        self.max_budget = max(_check_budget("max_budget", max_budget), self.budget)
+        self.multi_branch = _check_bool("multi_branch", multi_branch)
         if min_draft_score is None:
             min_draft_score = DEFAULT_MIN_DRAFT_SCORE.get(device.type, 0.0)
-        if not min_draft_score >= 0:
-            raise ValueError(f"min_draft_score must be >= 0, got {min_draft_score}")
+        if (
+            isinstance(min_draft_score, bool)
+            or not isinstance(min_draft_score, (int, float, np.integer, np.floating))
+            or not min_draft_score >= 0
+        ):
+            raise ValueError(f"min_draft_score must be a number >= 0, got {min_draft_score!r}")
         self.min_draft_score = float(min_draft_score)
         self._additive_mask = attn == "eager"
         self._dtype = dtype
         self._device = next(model.parameters()).device
-        self._rids = itertools.count()
 
     # -- input handling -------------------------------------------------------------------
     def encode(self, prompt, chat: bool = False) -> list:
@@ -236,17 +254,37 @@ class LookaheadGenerator:
                     ids = ids["input_ids"]
             else:
                 ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        elif isinstance(prompt, torch.Tensor):
-            if prompt.dim() == 2:
-                if prompt.shape[0] != 1:
-                    raise ValueError("batch size > 1 is not supported; pass one prompt")
-                prompt = prompt[0]
-            ids = prompt.tolist()
         else:
-            ids = [int(t) for t in prompt]
+            ids = self._token_ids(prompt)
         if len(ids) == 0:
             raise ValueError("the prompt is empty (no tokens)")
         return list(ids)
+
+    def _token_ids(self, prompt) -> list:
+        """Checked ids from a 1-D (or batch-1 2-D) tensor, array or sequence of ints."""
+        a = (
+            prompt.detach().cpu().numpy()
+            if isinstance(prompt, torch.Tensor)
+            else np.asarray(prompt)
+        )
+        if a.ndim == 2 and a.shape[0] == 1:
+            a = a[0]
+        if a.ndim != 1:
+            raise ValueError(
+                f"token ids must be 1-D (or one row of a 2-D batch), got shape {a.shape}; "
+                "batch size > 1 is not supported: pass one prompt"
+            )
+        if a.size == 0:
+            return []
+        if a.dtype.kind not in "iu":
+            raise ValueError(f"token ids must be integers, got dtype {a.dtype}")
+        vocab = self.model.get_input_embeddings().weight.shape[0]
+        lo, hi = int(a.min()), int(a.max())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(
+                f"token ids must lie in [0, {vocab}) (the model's vocabulary), got {lo if lo < 0 else hi}"
+            )
+        return a.tolist()
 
     def _eos_ids(self, eos_token_id) -> set:
         if eos_token_id is not _UNSET:
@@ -292,19 +330,20 @@ class LookaheadGenerator:
         if isinstance(stop_strings, str):
             stop_strings = [stop_strings]
         # A budget given here is a fixed width for this call.
-        budget, max_budget = (
-            (self.budget, self.max_budget) if budget is None else (int(budget), int(budget))
-        )
-        if budget < 0:
-            raise ValueError(f"budget must be >= 0, got {budget}")
+        if budget is None:
+            budget, max_budget = self.budget, self.max_budget
+        else:
+            budget = max_budget = _check_budget("budget", budget)
         cfg = SamplingConfig(do_sample, temperature, top_k, top_p, repetition_penalty)
         ids = self.encode(prompt, chat=chat)
         stops = self._eos_ids(eos_token_id)
         stop_ids = _as_id_set(stop_token_ids)
-        mb = self.multi_branch if multi_branch is None else multi_branch
+        mb = (
+            self.multi_branch if multi_branch is None else _check_bool("multi_branch", multi_branch)
+        )
         text = _TextTracker(self.tokenizer, stop_strings) if self.tokenizer is not None else None
 
-        rid = next(self._rids)
+        rid = f"LookaheadGenerator-{next(_REQUEST_IDS)}"
         stats = GenerationStats(prompt_tokens=len(ids))
         t_start = time.perf_counter()
         self.cache.start_request(rid, ids)

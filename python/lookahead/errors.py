@@ -39,7 +39,8 @@ class RequestExists(LookaheadError, ValueError):
 
 
 class PersistError(LookaheadError, OSError):
-    """Reading or writing a save file failed."""
+    """An OS operation failed: reading or writing a save file, or starting the indexing
+    threads."""
 
 
 class FileFormatError(LookaheadError, ValueError):

@@ -36,6 +36,8 @@ const MAX_PASSES: usize = 48;
 pub const MAX_DEPTH: usize = 64;
 /// Largest draft budget accepted.
 pub const MAX_BUDGET: usize = 1 << 16;
+/// Most background indexing threads: more only compete for the cores and the capacity.
+pub const MAX_INDEX_THREADS: usize = 256;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -76,6 +78,12 @@ impl Config {
             return bad(format!(
                 "capacity_nodes must be in 1..2**32-2, got {}",
                 self.capacity_nodes
+            ));
+        }
+        if self.index_threads > MAX_INDEX_THREADS {
+            return bad(format!(
+                "index_threads must be in 0..={MAX_INDEX_THREADS}, got {}",
+                self.index_threads
             ));
         }
         for (name, w) in [
@@ -531,7 +539,12 @@ impl Cache {
                 .map_or(1, |n| n.get())
                 .min(4)
         };
-        let pool = cfg.background_indexing.then(|| Pool::new(threads));
+        let pool = match cfg.background_indexing {
+            true => Some(Pool::new(threads).map_err(|e| {
+                Error::Io(format!("cannot start {threads} indexing threads: {e}"))
+            })?),
+            false => None,
+        };
         let shared = Arc::new(Shared {
             budget: Arc::new(Budget::new(cfg.capacity_nodes)),
             cfg,

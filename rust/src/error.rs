@@ -11,7 +11,7 @@ pub enum Error {
     UnknownRequest(String),
     /// `start_request` with an id that is still live.
     RequestExists(String),
-    /// Reading or writing a save file failed.
+    /// An OS operation failed: reading or writing a save file, starting a thread.
     Io(String),
     /// A save file is not in the expected format or version.
     Format(String),

@@ -14,7 +14,9 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(threads: usize) -> Self {
+    /// Starts `threads` workers (at least one); fails if the OS refuses a thread (the ones
+    /// already started exit, as nothing can reach them).
+    pub fn new(threads: usize) -> std::io::Result<Self> {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads.max(1) {
@@ -33,10 +35,9 @@ impl Pool {
                         }
                         Err(_) => break,
                     }
-                })
-                .expect("spawn an indexing thread");
+                })?;
         }
-        Pool { tx: Mutex::new(tx) }
+        Ok(Pool { tx: Mutex::new(tx) })
     }
 
     /// Queues `job`; returns it back if the workers are gone (the caller runs it inline).

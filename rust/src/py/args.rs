@@ -88,6 +88,16 @@ pub fn budget(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     }
 }
 
+/// `multi_branch`: a bool (Python's or numpy's); anything else is a likely mistake.
+pub fn multi_branch(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    obj.extract::<bool>().map_err(|_| {
+        invalid(
+            obj.py(),
+            format!("multi_branch must be a bool, got {}", type_name(obj)),
+        )
+    })
+}
+
 /// A namespace name.
 pub fn namespace(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     match obj.cast::<PyString>() {

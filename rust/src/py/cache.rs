@@ -115,7 +115,7 @@ impl PyCache {
     ) -> PyResult<Bound<'py, PyDraft>> {
         let rid = args::rid(rid)?;
         let budget = args::budget(budget)?;
-        let multi_branch = multi_branch.is_truthy()?;
+        let multi_branch = args::multi_branch(multi_branch)?;
         let d = run(py, || self.inner.draft(&rid, budget, multi_branch))?;
         to_py(py, &d)
     }
@@ -133,7 +133,7 @@ impl PyCache {
         let rid = args::rid(rid)?;
         let tokens = args::token_ids(tokens, "new_token_ids")?;
         let budget = args::budget(budget)?;
-        let multi_branch = multi_branch.is_truthy()?;
+        let multi_branch = args::multi_branch(multi_branch)?;
         let d = run(py, || self.inner.step(&rid, &tokens, budget, multi_branch))?;
         to_py(py, &d)
     }
@@ -156,7 +156,7 @@ impl PyCache {
     )> {
         let ids = rids.iter().map(args::rid).collect::<PyResult<Vec<_>>>()?;
         let budget = args::budget(budget)?;
-        let multi_branch = multi_branch.is_truthy()?;
+        let multi_branch = args::multi_branch(multi_branch)?;
         let b = ids.len();
         let w = budget.saturating_add(1);
         let (tok, par, sc, num) = run(py, || {
