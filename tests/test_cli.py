@@ -14,8 +14,12 @@ from tiny_models import tiny_model, tiny_tokenizer
 
 def test_bench_is_delegated(capsys):
     assert cli.main(["bench", "--help"]) == 0
-    assert "lookahead bench" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (
+        "lookahead bench" in err and "acceptance simulator" in err
+    )  # each benchmark with what it does
     assert cli.main(["bench", "no-such-bench"]) == 2
+    assert "unknown benchmark 'no-such-bench'" in capsys.readouterr().err
 
 
 def test_bad_arguments_exit_with_a_message(capsys):
@@ -23,7 +27,7 @@ def test_bad_arguments_exit_with_a_message(capsys):
     assert "--max-new-tokens" in capsys.readouterr().err
     assert cli.main(["generate", "--prompt", "x", "--budget", "-1"]) == 2
     assert cli.main(["demo", "--max-budget", "-1"]) == 2
-    assert "--max-budget must be >= 0" in capsys.readouterr().err
+    assert "--max-budget must be in [0, 65536], got -1" in capsys.readouterr().err
     assert cli.main(["demo", "--count", "0"]) == 2
     with pytest.raises(SystemExit):
         cli.main(["demo", "--dtype", "float16"])
@@ -31,10 +35,61 @@ def test_bad_arguments_exit_with_a_message(capsys):
         cli.main(["generate"])  # --prompt is required
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--depth", "1"], "--depth must be in [2, 64]"),
+        (["--budget", "100000"], "--budget must be in [0, 65536]"),
+        (["--min-draft-score", "-1"], "--min-draft-score must be a finite number >= 0"),
+        (["--min-draft-score", "nan"], "--min-draft-score"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--sample", "--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--sample", "--temperature", "0"], "--temperature must be > 0"),
+        (["--top-k", "-1"], "--top-k must be >= 0"),
+        (["--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+    ],
+)
+def test_bad_values_are_refused_before_the_model_loads(argv, message, monkeypatch, capsys):
+    def no_load(*a, **k):
+        raise AssertionError("the model must not load for bad arguments")
+
+    monkeypatch.setattr("lookahead.models.load_model", no_load)
+    assert cli.main(["generate", "--prompt", "x", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_runtime_errors_are_one_line(tmp_path, capsys):
+    missing = str(tmp_path / "no-such-model")
+    assert cli.main(["generate", "--prompt", "x", "--model", missing]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lookahead: ") and "Traceback" not in err and missing in err
+    assert cli.main(["demo", "--prompts", str(tmp_path / "none.jsonl")]) == 1
+    assert "none.jsonl" in capsys.readouterr().err
+
+
+def test_demo_on_a_prompt_file_runs_every_prompt_by_default(tmp_path, monkeypatch, capsys):
+    model, tok = tiny_model("llama", seed=5), tiny_tokenizer()
+    monkeypatch.setattr("lookahead.models.load_model", lambda *a, **k: (model, tok))
+    own = tmp_path / "p.jsonl"
+    own.write_text('{"prompt": "abcabcabc"}\n{"prompt": "xyzxyz", "category": "k"}\n')
+    out = tmp_path / "o.json"
+    argv = ["demo", "--prompts", str(own), "--max-new-tokens", "6", "--json", str(out)]
+    assert cli.main(argv) == 0
+    assert [r["category"] for r in json.loads(out.read_text())["rows"]] == ["custom", "k"]
+
+
+def test_generate_without_a_chat_template_uses_the_prompt_as_is(monkeypatch, capsys):
+    model, tok = tiny_model("llama", seed=6), tiny_tokenizer()
+    assert not getattr(tok, "chat_template", None)
+    monkeypatch.setattr("lookahead.models.load_model", lambda *a, **k: (model, tok))
+    assert cli.main(["generate", "--prompt", "abcabc", "--max-new-tokens", "4"]) == 0
+    assert "no chat template" in capsys.readouterr().err
+
+
 def test_parser_defaults():
     args = cli.build_parser().parse_args(["demo"])
-    assert args.dtype == "auto"
-    assert args.categories == "rag,summarization"
+    assert args.dtype == "auto" and args.device == "cpu"
+    assert args.categories is None  # rag,summarization of the sample; all of a --prompts file
     assert args.budget is None and args.max_budget is None and not args.single_branch
 
 

@@ -23,6 +23,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "else float32 (emulated bf16 costs ~linearly in the rows a draft tree adds)",
     )
     p.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device: cpu (default) or cuda (the defaults below follow it)",
+    )
+    p.add_argument(
         "--budget",
         type=int,
         default=None,
@@ -36,7 +41,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="draft nodes per step after a step accepted 4+ tokens (default 16 on CPU when "
         "--budget is not given, else --budget)",
     )
-    p.add_argument("--depth", type=int, default=12, help="longest n-gram stored in the trie")
+    p.add_argument(
+        "--depth", type=int, default=12, help="longest n-gram stored in the trie, 2-64 (default 12)"
+    )
     p.add_argument("--single-branch", action="store_true", help="draft one chain instead of a tree")
     p.add_argument(
         "--min-draft-score",
@@ -64,26 +71,47 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(demo)
     demo.add_argument(
         "--categories",
-        default="rag,summarization",
-        help="comma-separated Spec-Bench categories ('' for all)",
+        default=None,
+        help="comma-separated categories to run ('' for all; default: rag,summarization of the "
+        "shipped Spec-Bench sample, every prompt of a --prompts file)",
     )
-    demo.add_argument("--count", type=int, default=4, help="prompts per category")
-    demo.add_argument("--prompts", default=None, help="JSONL file of your own prompts")
-    demo.add_argument("--max-new-tokens", type=int, default=256)
+    demo.add_argument("--count", type=int, default=4, help="prompts per category (default 4)")
+    demo.add_argument(
+        "--prompts",
+        default=None,
+        help="JSONL file of your own prompts: one object per line with 'prompt' (or 'turns', a "
+        "list of strings) and optionally 'category'",
+    )
+    demo.add_argument(
+        "--max-new-tokens", type=int, default=256, help="new tokens per answer, at most (256)"
+    )
     demo.add_argument("--plot", default=None, help="write a PNG chart here (matplotlib)")
     demo.add_argument("--json", default=None, help="write every row as JSON here")
 
     gen = sub.add_parser("generate", help="generate from one prompt, streamed, with statistics")
     _add_model_args(gen)
     gen.add_argument("--prompt", required=True, help="the user message")
-    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument(
+        "--max-new-tokens", type=int, default=256, help="new tokens, at most (default 256)"
+    )
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    gen.add_argument("--temperature", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature, > 0 (default 1)"
+    )
+    gen.add_argument(
+        "--top-k", type=int, default=0, help="sample from the k likeliest tokens (0: all)"
+    )
+    gen.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (default 1)"
+    )
+    gen.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="HF's repetition penalty, > 0 (default 1: none); greedy or sampled",
+    )
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
     sub.add_parser("bench", help="benchmarks: lookahead bench {trie,accept,e2e,traces,plot} ...")
@@ -94,8 +122,14 @@ def _generate(args) -> int:
     from lookahead.engine import LookaheadGenerator
     from lookahead.models import load_model, resolve_dtype
 
-    args.dtype = resolve_dtype(args.dtype)
-    model, tok = load_model(args.model, args.dtype)
+    args.dtype = resolve_dtype(args.dtype, args.device)
+    model, tok = load_model(args.model, args.dtype, device=args.device)
+    chat = not args.no_chat
+    if chat and not getattr(tok, "chat_template", None):
+        print(
+            "lookahead: the tokenizer has no chat template; using the prompt as is", file=sys.stderr
+        )
+        chat = False
     gen = LookaheadGenerator(
         model,
         tok,
@@ -112,7 +146,7 @@ def _generate(args) -> int:
 
     res = gen.generate(
         args.prompt,
-        chat=not args.no_chat,
+        chat=chat,
         max_new_tokens=args.max_new_tokens,
         do_sample=args.sample,
         temperature=args.temperature,
@@ -139,6 +173,36 @@ def _generate(args) -> int:
     return 0
 
 
+def _check_args(args) -> str | None:
+    """What is wrong with the arguments (checked before the model loads), or None."""
+    from lookahead._core import MAX_BUDGET, MAX_DEPTH
+
+    if args.max_new_tokens < 1:
+        return "--max-new-tokens must be >= 1"
+    for knob in ("budget", "max_budget"):
+        v = getattr(args, knob)
+        if v is not None and not 0 <= v <= MAX_BUDGET:
+            return f"--{knob.replace('_', '-')} must be in [0, {MAX_BUDGET}], got {v}"
+    if not 2 <= args.depth <= MAX_DEPTH:
+        return f"--depth must be in [2, {MAX_DEPTH}], got {args.depth}"
+    if args.min_draft_score is not None and not 0 <= args.min_draft_score < float("inf"):
+        return f"--min-draft-score must be a finite number >= 0, got {args.min_draft_score}"
+    if args.threads is not None and args.threads < 1:
+        return "--threads must be >= 1"
+    if args.command == "demo" and args.count < 1:
+        return "--count must be >= 1"
+    if args.command == "generate":
+        from lookahead.sampling import SamplingConfig
+
+        try:
+            SamplingConfig(
+                args.sample, args.temperature, args.top_k, args.top_p, args.repetition_penalty
+            )
+        except ValueError as e:
+            return f"--{str(e).replace('_', '-')}"
+    return None
+
+
 def main(argv: list | None = None) -> int:
     """Entry point of the `lookahead` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -147,28 +211,27 @@ def main(argv: list | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
-    if getattr(args, "max_new_tokens", 1) < 1:
-        print("lookahead: --max-new-tokens must be >= 1", file=sys.stderr)
+    problem = _check_args(args)
+    if problem:
+        print(f"lookahead: {problem}", file=sys.stderr)
         return 2
-    for knob in ("budget", "max_budget"):
-        if getattr(args, knob, None) is not None and getattr(args, knob) < 0:
-            print(f"lookahead: --{knob.replace('_', '-')} must be >= 0", file=sys.stderr)
-            return 2
-    if args.threads is not None:
-        if args.threads < 1:
-            print("lookahead: --threads must be >= 1", file=sys.stderr)
-            return 2
-        import torch
+    from lookahead.errors import LookaheadError
+    from lookahead.models import ModelLoadError
 
-        torch.set_num_threads(args.threads)
-    if args.command == "demo":
-        from lookahead import demo
+    try:
+        if args.threads is not None:
+            import torch
 
-        if args.count < 1:
-            print("lookahead: --count must be >= 1", file=sys.stderr)
-            return 2
-        return demo.main(args)
-    return _generate(args)
+            torch.set_num_threads(args.threads)
+        if args.command == "demo":
+            from lookahead import demo
+
+            return demo.main(args)
+        return _generate(args)
+    except (LookaheadError, ModelLoadError, ValueError, OSError) as e:
+        # What a user can fix (a path, a prompt file, a device, a model): one line, no trace.
+        print(f"lookahead: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def plain_generate(model, ids: list, max_new_tokens: int) -> tuple:
     """Greedy `model.generate`; returns (new ids, seconds)."""
     import torch
 
-    inp = torch.tensor([ids])
+    inp = torch.tensor([ids], device=model.device)
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
@@ -256,11 +256,15 @@ def main(args) -> int:
 
     from lookahead.models import load_model, resolve_dtype
 
-    categories = [c for c in args.categories.split(",") if c] if args.categories else None
+    if args.categories is None:  # the sample's copy-heavy categories; a user's file: all
+        categories = DEFAULT_CATEGORIES if args.prompts is None else None
+    else:
+        categories = [c for c in args.categories.split(",") if c] or None
     prompts = load_prompts(args.prompts, categories, args.count)
     t0 = time.perf_counter()
-    args.dtype = resolve_dtype(args.dtype)
-    model, tok = load_model(args.model, args.dtype)
+    device = getattr(args, "device", "cpu")
+    args.dtype = resolve_dtype(args.dtype, device)
+    model, tok = load_model(args.model, args.dtype, device=device)
     print(
         f"model {model.config._name_or_path} ({args.dtype}, {model.config._attn_implementation}) "
         f"loaded in {time.perf_counter() - t0:.1f}s; torch threads {torch.get_num_threads()}; "

@@ -244,6 +244,8 @@ class LookaheadGenerator:
             if not prompt:
                 raise ValueError("the prompt is empty")
             if chat:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise ValueError("the tokenizer has no chat template; pass chat=False")
                 ids = self.tokenizer.apply_chat_template(
                     [{"role": "user", "content": prompt}],
                     add_generation_prompt=True,

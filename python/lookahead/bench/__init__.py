@@ -10,20 +10,29 @@ import importlib
 import sys
 
 BENCHES = {
-    "trie": "lookahead.bench.trie",  # host cost of the trie (and peers with --peers)
-    "accept": "lookahead.bench.accept",  # acceptance simulator over recorded traces
-    "e2e": "lookahead.bench.e2e",  # end to end on CPU against plain decoding and PLD
-    "traces": "lookahead.bench.traces",  # record prompt/output traces with the default model
-    "plot": "lookahead.bench.plot",  # redraw a bench's chart from its --json file
+    "trie": ("lookahead.bench.trie", "host cost of the trie (and of the peers' with --peers)"),
+    "accept": ("lookahead.bench.accept", "acceptance simulator over the recorded traces"),
+    "e2e": ("lookahead.bench.e2e", "end to end against plain decoding and HF prompt lookup"),
+    "traces": ("lookahead.bench.traces", "record prompt/output traces with the default model"),
+    "plot": ("lookahead.bench.plot", "redraw a bench's PNG chart from its --json file"),
 }
+
+
+def _usage() -> str:
+    lines = [f"usage: lookahead bench {{{','.join(BENCHES)}}} [options]", ""]
+    lines += [f"  {name:<8} {desc}" for name, (_, desc) in BENCHES.items()]
+    lines += ["", "lookahead bench NAME --help: the options of one benchmark"]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark named by the first argument."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHES:
-        names = ", ".join(BENCHES)
-        print(f"usage: lookahead bench {{{names}}} [options]", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(BENCHES[argv[0]])
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage(), file=sys.stderr)
+        return 0 if argv else 2
+    if argv[0] not in BENCHES:
+        print(f"lookahead bench: unknown benchmark {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHES[argv[0]][0])
     return int(module.main(argv[1:]) or 0)
