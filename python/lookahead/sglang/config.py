@@ -47,7 +47,7 @@ EXTRA_KEYS: dict[str, Any] = {
     "keep_prompt_as_history": False,
     "namespace": "extra_key",
     "exact_sampling": True,  # our exact tree sampling verification for non-greedy batches
-    "index_threads": 0,  # background prompt-indexing threads (0: min(cores, 4))
+    "index_threads": 0,  # background prompt-indexing threads (0: min(cores, 4); at most 256)
     "draft_threads": 0,  # draft_batch threads (0: min(cores, 8))
     # Index prompts on background threads. None: yes with one model rank, no with tensor or
     # pipeline parallelism, where every rank drafts for itself and must draft the same tree:
@@ -101,9 +101,10 @@ def _number(name: str, v: Any, lo: float) -> float:
     return float(v)
 
 
-def _int(name: str, v: Any, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be an int >= {lo}, got {v!r}")
+def _int(name: str, v: Any, lo: int, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        want = f"an int >= {lo}" if hi is None else f"an int in [{lo}, {hi}]"
+        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be {want}, got {v!r}")
     return v
 
 
@@ -190,7 +191,7 @@ class ServingConfig:
             keep_prompt_as_history=_bool("keep_prompt_as_history", extra["keep_prompt_as_history"]),
             namespace=namespace,
             exact_sampling=_bool("exact_sampling", extra["exact_sampling"]),
-            index_threads=_int("index_threads", extra["index_threads"], 0),
+            index_threads=_int("index_threads", extra["index_threads"], 0, 256),
             draft_threads=_int("draft_threads", extra["draft_threads"], 0),
             background_indexing=(
                 None
