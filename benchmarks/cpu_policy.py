@@ -42,8 +42,11 @@ def cost(rows: int) -> float:
 class Policy:
     """Budget per step (fixed, or larger after a deep acceptance) and the score gate."""
 
-    def __init__(self, name, budget, gate, big=None, after=None):
+    def __init__(self, name, budget, gate, big=None, after=None, calibrate=None):
         self.name, self.budget, self.gate, self.big, self.after = name, budget, gate, big, after
+        # `calibrate` = prior p: the gate reads the draft's score sum times (accepted + p) /
+        # (predicted + p) over the request's verified steps so far (None: the score as is).
+        self.calibrate = calibrate
 
     def pick(self, last_accepted: int) -> int:
         if self.big is not None and last_accepted >= self.after:
@@ -61,15 +64,20 @@ def run_ours(traces, policy):
         cache.start_request(rid, prompt)
         cache.extend(rid, output[:1])
         pos, last, t = 1, 0, 0.0
+        predicted, got = 0.0, 0
         while pos < output.shape[0]:
             d = cache.draft(rid, budget=policy.pick(last), multi_branch=True)
             rows, a = 1, 0
-            if d.num_nodes > 1 and float(d.scores[1:].sum()) >= policy.gate:
+            score = float(d.scores[1:].sum())
+            p = policy.calibrate
+            seen = 1.0 if p is None else (got + p) / (predicted + p)
+            if d.num_nodes > 1 and score * seen >= policy.gate:
                 rows = d.num_nodes
                 toks = d.tokens[1:].tolist()
                 pars = (d.parents[1:].astype(np.int64) - 1).tolist()
                 cap = output.shape[0] - pos - 1
                 a = accepted_length(toks, pars, output[pos : pos + min(len(toks), cap)])
+                predicted, got = predicted + score, got + a
             t += cost(rows)
             cache.extend(rid, output[pos : pos + a + 1])
             pos += a + 1
@@ -119,14 +127,24 @@ def main() -> None:
     if missing:
         raise SystemExit(f"{len(missing)} sampled questions have no trace, e.g. {missing[:3]}")
     traces = [by_id[i] for i in want if by_id[i]["category"] in cats]
-    policies = [Policy("B8 gate .85 (default)", 8, 0.85), Policy("B16 gate .85", 16, 0.85)]
+    policies = [Policy("B8 gate .85 (fixed 8)", 8, 0.85), Policy("B16 gate .85", 16, 0.85)]
     for big in (12, 16):
         for after in (2, 3, 4, 5, 6, 8):
-            policies.append(Policy(f"B8, {big} after >={after} acc", 8, 0.85, big=big, after=after))
+            name = f"B8, {big} after >={after} acc" + (
+                " (default)" if (big, after) == (16, 4) else ""
+            )
+            policies.append(Policy(name, 8, 0.85, big=big, after=after))
+    # The gate around the default (B8, 16 after >= 4), and gated on calibrated scores.
+    for gate in (0.7, 1.0):
+        policies.append(Policy(f"B8/16, gate {gate}", 8, gate, big=16, after=4))
+    for prior in (2.0, 5.0):
+        policies.append(
+            Policy(f"B8/16, calibrated, p={prior:g}", 8, 0.85, big=16, after=4, calibrate=prior)
+        )
     plain = {c: (n, float(n)) for c, (n, _) in run_pld(traces).items()}
     pld = run_pld(traces)
     print(f"model speed-up over plain (per category), {len(traces)} traces")
-    print(f"{'policy':<26}" + "".join(f"{c[:11]:>12}" for c in cats) + f"{'overall':>12}")
+    print(f"{'policy':<32}" + "".join(f"{c[:11]:>12}" for c in cats) + f"{'overall':>12}")
 
     def line(name, res, ref=None):
         cells, tot = [], [0, 0.0]
@@ -140,7 +158,7 @@ def main() -> None:
         o = (tot[0] / tot[1]) / allp
         if ref:
             o /= (sum(v[0] for v in ref.values()) / sum(v[1] for v in ref.values())) / allp
-        print(f"{name:<26}" + "".join(f"{x:>12.3f}" for x in cells) + f"{o:>12.3f}")
+        print(f"{name:<32}" + "".join(f"{x:>12.3f}" for x in cells) + f"{o:>12.3f}")
 
     line("PLD 10", pld)
     results = [(p.name, run_ours(traces, p)) for p in policies]
