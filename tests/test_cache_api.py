@@ -398,6 +398,10 @@ def test_save_load_round_trip(tmp_path):
         c.save(tmp_path / "no-such-dir" / "x")
     with pytest.raises(InvalidInput, match="background_indexing"):
         LookaheadCache.load(path, background_indexing="no")
+    assert (
+        LookaheadCache.load(path, background_indexing=np.bool_(False)).config["background_indexing"]
+        is False
+    )
 
 
 def test_package_exports():

@@ -58,6 +58,13 @@ def test_bad_values_are_refused_before_the_model_loads(argv, message, monkeypatc
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("device", ["mps", "meta", "xla", "cuda:7", "gpu"])
+def test_unsupported_devices_are_one_line(device, capsys):
+    assert cli.main(["generate", "--prompt", "x", "--device", device]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lookahead: ") and "Traceback" not in err and "device" in err
+
+
 def test_runtime_errors_are_one_line(tmp_path, capsys):
     missing = str(tmp_path / "no-such-model")
     assert cli.main(["generate", "--prompt", "x", "--model", missing]) == 1
@@ -120,6 +127,10 @@ def test_load_prompts_selection_and_errors(tmp_path):
     own.write_text('{"text": 1}\n')
     with pytest.raises(ValueError, match="line 1"):
         demo.load_prompts(own, None, None)
+    for bad in ("[1, 2]", '"hi"', '{"turns": "abc"}', '{"turns": []}'):
+        own.write_text(bad + "\n")
+        with pytest.raises(ValueError, match="line 1"):
+            demo.load_prompts(own, None, None)
 
 
 def test_demo_rows_summary_json_and_plot(tmp_path):
@@ -162,7 +173,7 @@ def test_demo_main_writes_json(tmp_path, monkeypatch, capsys):
     )
     assert demo.main(args) == 0
     out = json.loads((tmp_path / "out.json").read_text())
-    assert out["max_budget"] == 12
+    assert out["max_budget"] == 12 and {"command", "date", "git", "versions"} <= set(out)
     row = out["rows"][0]
     assert row["question_id"] == 7 and row["identical"] is True
     for key in ("plain_s", "lookahead_s", "mean_accepted", "lookahead_tokens", "category"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from lookahead import LookaheadCache
@@ -299,6 +300,22 @@ def test_bad_input_gives_clear_errors():
         gen.generate([-1, 5], max_new_tokens=4)
     with pytest.raises(ValueError, match="1-D"):
         gen.generate([[[5, 6]]], max_new_tokens=4)
+    with pytest.raises(ValueError, match="1-D"):
+        gen.generate(torch.tensor(5), max_new_tokens=4)
+    with pytest.raises(ValueError, match="integers"):
+        gen.generate(torch.tensor([5, 6], dtype=torch.bfloat16), max_new_tokens=4)
+    with pytest.raises(ValueError, match="min_draft_score must be a finite"):
+        LookaheadGenerator(model, min_draft_score=float("inf"))
+    # Any iterable of ints is a prompt: the same output from each form.
+    want = gen.generate([5, 6, 5, 6], max_new_tokens=3, eos_token_id=None).ids
+    for form in (
+        (x for x in [5, 6, 5, 6]),
+        map(int, "5656"),
+        np.array([5, 6, 5, 6], dtype=object),
+        np.array([[5, 6, 5, 6]], dtype=np.uint32),
+        (5, 6, 5, 6),
+    ):
+        assert gen.generate(form, max_new_tokens=3, eos_token_id=None).ids == want
     # The generator stays usable after errors (no request left open in the trie).
     assert gen.generate([5, 6, 5, 6], max_new_tokens=3, eos_token_id=None).ids == hf_generate(
         model, [5, 6, 5, 6], 3

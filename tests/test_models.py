@@ -42,14 +42,18 @@ def test_device_decides_auto_dtype_and_bad_devices_give_clear_errors(monkeypatch
     monkeypatch.setattr(models, "native_bf16", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert models.resolve_dtype("auto", "cuda") == "bfloat16"
     assert models.resolve_dtype("auto", "cuda:0") == "bfloat16"
     assert models.resolve_dtype("auto", torch.device("cpu")) == "float32"
     assert models.resolve_dtype("float32", "cuda") == "float32"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
     assert models.resolve_dtype("auto", "cuda") == "float32"
-    with pytest.raises(ValueError, match="device must be a torch device"):
-        models.resolve_dtype("auto", "gpu")
+    for bad in ("gpu", "mps", "meta"):
+        with pytest.raises(ValueError, match=r"device must be 'cpu' or 'cuda\[:N\]'"):
+            models.resolve_dtype("auto", bad)
+    with pytest.raises(ValueError, match="torch sees 1 CUDA device"):
+        models.resolve_dtype("auto", "cuda:1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="no CUDA device"):
         models.resolve_dtype("float32", "cuda")

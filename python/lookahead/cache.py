@@ -203,11 +203,14 @@ class LookaheadCache:
         cls, path: str | os.PathLike[str], background_indexing: bool | None = None
     ) -> LookaheadCache:
         """A cache restored from `save`; `background_indexing` overrides the saved setting."""
-        if background_indexing is not None and not isinstance(background_indexing, bool):
+        if background_indexing is not None and not isinstance(
+            background_indexing, (bool, np.bool_)
+        ):
             raise InvalidInput(
                 f"background_indexing must be a bool or None, got {background_indexing!r}"
             )
-        return cls(_core_cache=_core.Cache.load(os.fspath(path), background_indexing))
+        bg = None if background_indexing is None else bool(background_indexing)
+        return cls(_core_cache=_core.Cache.load(os.fspath(path), bg))
 
     def check_invariants(self) -> None:
         """Raises `InvariantError` if any trie is broken or the capacity bound is exceeded."""

@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--categories",
         default=None,
         help="comma-separated categories to run ('' for all; default: rag,summarization of the "
-        "shipped Spec-Bench sample, every prompt of a --prompts file)",
+        "shipped Spec-Bench sample, every category of a --prompts file; --count caps each)",
     )
     demo.add_argument("--count", type=int, default=4, help="prompts per category (default 4)")
     demo.add_argument(
@@ -119,17 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(args) -> int:
-    from lookahead.engine import LookaheadGenerator
+    from lookahead.engine import NO_CHAT_TEMPLATE, LookaheadGenerator
     from lookahead.models import load_model, resolve_dtype
 
     args.dtype = resolve_dtype(args.dtype, args.device)
     model, tok = load_model(args.model, args.dtype, device=args.device)
-    chat = not args.no_chat
-    if chat and not getattr(tok, "chat_template", None):
-        print(
-            "lookahead: the tokenizer has no chat template; using the prompt as is", file=sys.stderr
-        )
-        chat = False
     gen = LookaheadGenerator(
         model,
         tok,
@@ -139,6 +133,17 @@ def _generate(args) -> int:
         multi_branch=not args.single_branch,
         min_draft_score=args.min_draft_score,
     )
+
+    chat = not args.no_chat
+    if chat:
+        try:
+            gen.encode(args.prompt, chat=True)
+        except ValueError as e:
+            if str(e) != NO_CHAT_TEMPLATE:
+                raise
+            print("lookahead: the tokenizer has no chat template; using the prompt as is",
+                  file=sys.stderr)  # fmt: skip
+            chat = False
 
     def stream(_ids, delta):
         sys.stdout.write(delta)

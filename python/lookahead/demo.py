@@ -69,8 +69,10 @@ def load_prompts(path=None, categories=DEFAULT_CATEGORIES, count=DEFAULT_COUNT) 
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{source}, line {i + 1}: not JSON ({e})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{source}, line {i + 1}: needs a JSON object, got {row!r:.60}")
         turns = row.get("turns") or ([row["prompt"]] if "prompt" in row else None)
-        if not turns or not isinstance(turns[0], str):
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
             raise ValueError(f"{source}, line {i + 1}: needs 'turns' (list of strings) or 'prompt'")
         rows.append(
             {
@@ -293,7 +295,11 @@ def main(args) -> int:
     print()
     print(format_summary(summary, args.dtype))
     if args.json:
+        from lookahead.bench.harness import command_line, header
+
         payload = {
+            **header(command_line("lookahead", None)),
+            "device": getattr(args, "device", "cpu"),
             "dtype": args.dtype,
             "max_new_tokens": args.max_new_tokens,
             "budget": args.budget,  # None: the engine's default for the dtype

@@ -9,6 +9,8 @@ Greedy output equals `model.generate(do_sample=False)`; sampling keeps the targe
 from __future__ import annotations
 
 import itertools
+import math
+import operator
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -147,6 +149,8 @@ class _TextTracker:
         return new
 
 
+NO_CHAT_TEMPLATE = "the tokenizer has no chat template; pass chat=False"
+
 # Request ids of every generator in this process: generators may share one cache.
 _REQUEST_IDS = itertools.count()
 
@@ -227,9 +231,11 @@ class LookaheadGenerator:
         if (
             isinstance(min_draft_score, bool)
             or not isinstance(min_draft_score, (int, float, np.integer, np.floating))
-            or not min_draft_score >= 0
+            or not 0 <= min_draft_score < math.inf
         ):
-            raise ValueError(f"min_draft_score must be a number >= 0, got {min_draft_score!r}")
+            raise ValueError(
+                f"min_draft_score must be a finite number >= 0, got {min_draft_score!r}"
+            )
         self.min_draft_score = float(min_draft_score)
         self._additive_mask = attn == "eager"
         self._dtype = dtype
@@ -244,14 +250,19 @@ class LookaheadGenerator:
             if not prompt:
                 raise ValueError("the prompt is empty")
             if chat:
-                if not getattr(self.tokenizer, "chat_template", None):
-                    raise ValueError("the tokenizer has no chat template; pass chat=False")
-                ids = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}],
-                    add_generation_prompt=True,
-                    tokenize=True,
-                    return_dict=False,
-                )
+                try:
+                    ids = self.tokenizer.apply_chat_template(
+                        [{"role": "user", "content": prompt}],
+                        add_generation_prompt=True,
+                        tokenize=True,
+                        return_dict=False,
+                    )
+                except ValueError as e:
+                    # Some tokenizers template without a `chat_template` attribute: ask, and
+                    # name the fix only when the tokenizer says it has none.
+                    if "chat template" in str(e).lower() or "chat_template" in str(e):
+                        raise ValueError(NO_CHAT_TEMPLATE) from e
+                    raise
                 if isinstance(ids, dict) or hasattr(ids, "keys"):
                     ids = ids["input_ids"]
             else:
@@ -263,19 +274,28 @@ class LookaheadGenerator:
         return list(ids)
 
     def _token_ids(self, prompt) -> list:
-        """Checked ids from a 1-D (or batch-1 2-D) tensor, array or sequence of ints."""
-        a = (
-            prompt.detach().cpu().numpy()
-            if isinstance(prompt, torch.Tensor)
-            else np.asarray(prompt)
-        )
+        """Checked ids from a 1-D (or batch-1 2-D) tensor, array or iterable of ints."""
+        if isinstance(prompt, torch.Tensor):
+            if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+                raise ValueError(f"token ids must be integers, got dtype {prompt.dtype}")
+            a = prompt.detach().cpu().numpy()
+        else:
+            if not isinstance(prompt, (np.ndarray, Sequence)):
+                prompt = list(prompt)  # a generator, map, range-like iterable
+            a = np.asarray(prompt)
+            if a.dtype == object:  # Python ints beyond int64, or mixed scalar types
+                try:
+                    a = np.array([operator.index(t) for t in a.ravel()]).reshape(a.shape)
+                except (TypeError, OverflowError):
+                    raise ValueError("token ids must be integers") from None
         if a.ndim == 2 and a.shape[0] == 1:
             a = a[0]
-        if a.ndim != 1:
+        if a.ndim == 2:
             raise ValueError(
-                f"token ids must be 1-D (or one row of a 2-D batch), got shape {a.shape}; "
-                "batch size > 1 is not supported: pass one prompt"
+                f"batch size > 1 is not supported (token ids of shape {a.shape}): pass one prompt"
             )
+        if a.ndim != 1:
+            raise ValueError(f"token ids must be 1-D, got shape {a.shape}")
         if a.size == 0:
             return []
         if a.dtype.kind not in "iu":

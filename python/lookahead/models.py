@@ -59,13 +59,19 @@ def resolve_dtype(dtype: str, device="cpu") -> str:
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     try:
-        kind = torch.device(device).type
+        dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(
-            f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}"
-        ) from err
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}") from err
+    kind = dev.type
+    # The engine is built and tested for these two; others (mps, xla, meta) fail deep inside.
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: no CUDA device is available to torch here")
+    if kind == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA device(s) here"
+        )
     if dtype != "auto":
         return dtype
     if kind == "cuda":

@@ -39,6 +39,12 @@ def _save(fig, path) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
+def _two_five(v, _pos) -> str:
+    """Minor log tick label: only at 2x and 5x a power of ten."""
+    lead = f"{v:.0e}"[0]
+    return f"{v:g}" if lead in "25" else ""
+
+
 def _grouped(ax, cols, series, width=None):
     """Bars of each `(label, values)` in `series`, grouped by column."""
     width = width or 0.8 / len(series)
@@ -154,7 +160,13 @@ def plot_trie(result: dict, path) -> None:
     for ax in axes:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: ""))
+        # A panel spanning less than a decade needs its minor ticks labelled (all of them
+        # then; else the 2x and 5x ones).
+        lo, hi = ax.get_ylim()
+        every = hi < 10 * lo
+        ax.yaxis.set_minor_formatter(
+            plt.FuncFormatter(lambda v, _p, every=every: f"{v:g}" if every else _two_five(v, _p))
+        )
         ax.legend(fontsize=8)
     _save(fig, path)
 
