@@ -299,3 +299,32 @@ def test_synchronous_indexing_for_multi_rank_drafts(plugins_loaded):
     assert worker.drafter.cache.config["background_indexing"] is False
     tokens, _ = worker._prepare_draft_tokens(make_batch([make_req("m", [1, 2, 3, 1, 2], [3])]))
     assert tokens[0, :2].tolist() == [3, 1]
+
+
+class _TailOnly(list):
+    """An `output_ids` list that records what `sync` reads: only slices, no full copies."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.reads = []
+
+    def __iter__(self):
+        raise AssertionError("sync must not walk the whole output list")
+
+    def __getitem__(self, i):
+        self.reads.append(i)
+        return list.__getitem__(self, i)
+
+
+def test_sync_reads_only_the_new_tokens(plugins_loaded):
+    drafter = make_worker(width=6).drafter
+    prompt = array("q", [1, 2, 3, 4, 9, 1, 2])
+    req = SimpleNamespace(rid="t", origin_input_ids_unpadded=prompt, output_ids=_TailOnly([3]))
+    drafter.sync([req])
+    list.extend(req.output_ids, [4, 9, 1])
+    drafter.sync([req])
+    drafter.sync([req])  # nothing new: nothing read
+    assert req.output_ids.reads == [slice(0, None), slice(1, None)]
+    assert drafter._ctx_len["t"] == 7 + 4
+    # The context ends "4 9 1": the prompt says 2 comes next.
+    assert drafter.cache.draft("t", budget=1, multi_branch=False).tokens.tolist() == [1, 2]

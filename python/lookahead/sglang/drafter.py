@@ -102,22 +102,27 @@ class LookaheadDrafter:
         with its whole prompt; afterwards only the tokens beyond what the cache has are sent.
         """
         for i, req in enumerate(reqs):
-            prompt = _ids(req.origin_input_ids_unpadded)
-            outputs = _ids(req.output_ids)
-            extra = np.asarray(pending[i], dtype=np.int64) if pending else None
-            total = len(prompt) + len(outputs) + (0 if extra is None else len(extra))
+            # Lengths first: only a new request's prompt and each step's new tokens are
+            # converted, so a step costs the same at 1k and at 100k tokens of context.
+            prompt, outputs = req.origin_input_ids_unpadded, req.output_ids
+            extra = pending[i] if pending else ()
+            n_prompt, n_out = len(prompt), len(outputs)
+            total = n_prompt + n_out + len(extra)
             seen = self._ctx_len.get(req.rid)
             if seen is not None and seen > total:
                 # The context shrank (a retracted request re-admitted): start it again.
                 self.cache.finish_request(req.rid)
                 seen = None
             if seen is None:
-                self.cache.start_request(req.rid, prompt, namespace=self.namespace_of(req))
-                seen = len(prompt)
+                self.cache.start_request(req.rid, _ids(prompt), namespace=self.namespace_of(req))
+                seen = n_prompt
             if total > seen:
-                # seen >= len(prompt) here: start_request took the whole prompt.
-                gen = outputs if extra is None else np.concatenate([outputs, extra])
-                self.cache.extend(req.rid, gen[seen - len(prompt) :])
+                # seen >= n_prompt here: start_request took the whole prompt.
+                start = seen - n_prompt
+                new = _ids(outputs[start:]) if start < n_out else _ids(())
+                if len(extra):
+                    new = np.concatenate([new, _ids(extra[max(0, start - n_out) :])])
+                self.cache.extend(req.rid, new)
             self._ctx_len[req.rid] = total
 
     def draft(self, rids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
