@@ -412,3 +412,30 @@ def test_package_exports():
         assert name in lookahead.__all__ and getattr(lookahead, name)
     assert issubclass(UnknownRequest, KeyError) and issubclass(RequestExists, ValueError)
     assert str(UnknownRequest("request 3 is not live")) == "request 3 is not live"
+
+
+def test_draft_batch_pads_to_a_fixed_width():
+    c = LookaheadCache(max_depth=4, background_indexing=False)
+    c.start_request("a", [1, 2, 3, 1, 2, 3, 1, 2])
+    c.start_request("b", [7, 8])  # nothing to draft: the root alone
+    plain = c.draft_batch(["a", "b"], budget=3)
+    tokens, parents, scores, num = plain  # a named tuple
+    assert tokens.shape == (2, 4) and num.tolist() == [4, 1]
+    assert parents[1].tolist() == [-1, -1, -1, -1] and tokens[1, 1:].tolist() == [0, 0, 0]
+    wide = c.draft_batch(["a", "b"], budget=3, width=7, pad_parent=0)
+    assert wide.tokens.shape == wide.parents.shape == wide.scores.shape == (2, 7)
+    np.testing.assert_array_equal(wide.tokens[:, :4], plain.tokens)
+    np.testing.assert_array_equal(wide.parents[0, :4], plain.parents[0])
+    # NGRAM's padding: token-0 children of the root; the root keeps parent -1.
+    assert wide.parents[1].tolist() == [-1, 0, 0, 0, 0, 0, 0]
+    assert wide.parents[0, 4:].tolist() == [0, 0, 0] and wide.tokens[0, 4:].tolist() == [0, 0, 0]
+    assert wide.row(0).tokens.tolist() == plain.row(0).tokens.tolist()
+    for kw, match in (
+        ({"width": 3}, "width must be in"),
+        ({"width": 0}, "width must be a positive int"),
+        ({"width": 4.0}, "width must be a positive int"),
+        ({"pad_parent": 1}, "pad_parent must be -1 or 0"),
+        ({"pad_parent": True}, "pad_parent must be -1 or 0"),
+    ):
+        with pytest.raises(InvalidInput, match=match):
+            c.draft_batch(["a"], budget=3, **kw)

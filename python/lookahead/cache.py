@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 
@@ -29,12 +28,13 @@ TokenIds = Any  # a list/tuple of ints, a 1-D numpy integer array or a 1-D torch
 Draft = _core.Draft
 
 
-@dataclass(frozen=True)
-class BatchDraft:
-    """Draft trees of B requests padded to width W = budget + 1.
+class BatchDraft(NamedTuple):
+    """Draft trees of B requests padded to width W (default `budget + 1`).
 
     `tokens`, `parents` int32 [B, W], `scores` float32 [B, W], `num_nodes` int32 [B]. Columns
-    `>= num_nodes[b]` hold `tokens = 0`, `parents = -1`, `scores = 0`.
+    `>= num_nodes[b]` hold `tokens = 0`, `scores = 0` and `parents = pad_parent` (-1 by
+    default; 0 makes them children of the root, as SGLang's NGRAM pads). A named tuple: made
+    on every batch, it costs a fraction of a frozen dataclass.
     """
 
     tokens: np.ndarray
@@ -46,6 +46,10 @@ class BatchDraft:
         """The draft of request `b` without padding."""
         n = int(self.num_nodes[b])
         return Draft(self.tokens[b, :n], self.parents[b, :n], self.scores[b, :n], n)
+
+
+# Read once: os.cpu_count() costs ~10 µs per call here, as much as a whole draft.
+_DRAFT_THREADS = min(os.cpu_count() or 1, 8)
 
 
 class LookaheadCache:
@@ -157,22 +161,39 @@ class LookaheadCache:
         budget: int = 16,
         multi_branch: bool = True,
         threads: int | None = None,
+        *,
+        width: int | None = None,
+        pad_parent: int = -1,
     ) -> BatchDraft:
-        """Drafts for many requests at once, padded to `[len(rids), budget + 1]`.
+        """Drafts for many requests at once, padded to `[len(rids), width]`.
 
         `threads` (default: min(cores, 8)) splits batches of 32 or more requests over threads
-        (at least 16 requests per thread).
+        (at least 16 requests per thread). `width` (default `budget + 1`, at least that) and
+        `pad_parent` (-1, or 0: padding nodes are token-0 children of the root, SGLang
+        NGRAM's convention) shape the output for a fixed verify width.
         """
         if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
             raise InvalidInput(f"rids must be a sequence of request ids, got {rids!r}")
         if threads is None:
-            threads = min(os.cpu_count() or 1, 8)
+            threads = _DRAFT_THREADS
         elif isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 0:
             raise InvalidInput(f"threads must be a non-negative int or None, got {threads!r}")
-        tokens, parents, scores, num = self._c.draft_batch(
-            list(rids), budget, multi_branch, min(int(threads), 1024)
+        if width is not None and (
+            isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1
+        ):
+            raise InvalidInput(f"width must be a positive int or None, got {width!r}")
+        if isinstance(pad_parent, bool) or pad_parent not in (-1, 0):
+            raise InvalidInput(f"pad_parent must be -1 or 0, got {pad_parent!r}")
+        return BatchDraft(
+            *self._c.draft_batch(
+                list(rids),
+                budget,
+                multi_branch,
+                min(int(threads), 1024),
+                None if width is None else int(width),
+                int(pad_parent),
+            )
         )
-        return BatchDraft(tokens, parents, scores, num)
 
     def finish_request(self, rid: RequestId, keep_prompt: bool | None = None) -> None:
         """Ends `rid`: drops its prompt index (merging it into history if `keep_prompt`)."""

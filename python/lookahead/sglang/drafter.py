@@ -6,7 +6,7 @@ LoRA id to it). No SGLang import, so it is usable and testable on its own.
 
 Per decode step, for the whole batch: `sync` starts requests seen for the first time (the
 whole prompt is indexed, on the cache's background threads) and streams the verified tokens
-that arrived since the last step; `draft` makes one `draft_batch` call and pads every tree
+that arrived since the last step; `draft` makes one `draft_batch` call that pads every tree
 to the verify width N in NGRAM's convention; requests that left the batch are finished.
 """
 
@@ -21,34 +21,9 @@ import numpy as np
 from lookahead.cache import LookaheadCache
 from lookahead.sglang.config import ServingConfig
 
-__all__ = ["LookaheadDrafter", "pad_like_ngram"]
+__all__ = ["LookaheadDrafter"]
 
 DEFAULT_NAMESPACE = "default"
-
-
-def pad_like_ngram(
-    tokens: np.ndarray, parents: np.ndarray, num_nodes: np.ndarray, width: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Pads `[B, W']` draft trees (W' <= width) to `[B, width]` the way SGLang's NGRAM does.
-
-    NGRAM's corpus fills every tree to exactly N nodes with token 0 children of the root,
-    and SGLang's verify kernels and CUDA graphs assume every node is real. Doing the same
-    makes our verify input identical to NGRAM's for the same tree; a padding node is only
-    accepted if the target itself emits token 0 there, so the output stays lossless.
-    """
-    bs, w = tokens.shape
-    if w > width:
-        raise ValueError(f"draft width {w} exceeds the verify width {width}")
-    out_t = np.zeros((bs, width), dtype=np.int32)
-    out_p = np.zeros((bs, width), dtype=np.int32)
-    out_t[:, :w] = tokens
-    out_p[:, :w] = parents
-    cols = np.arange(width)[None, :]
-    pad = cols >= num_nodes[:, None]
-    out_t[pad] = 0
-    out_p[pad] = 0
-    out_p[:, 0] = -1
-    return out_t, out_p
 
 
 def _ids(seq: Any) -> np.ndarray:
@@ -131,13 +106,19 @@ class LookaheadDrafter:
         Returns `tokens`, `parents`: int32 `[len(rids), N]`, node 0 the context's last token.
         """
         c = self.config
+        # Padded in the core the way NGRAM's corpus pads: every tree has exactly N nodes, the
+        # unused ones token-0 children of the root. SGLang's verify kernels and CUDA graphs
+        # assume every node is real, so our verify input equals NGRAM's for the same tree; a
+        # padding node is accepted only if the target itself emits token 0 there (lossless).
         bd = self.cache.draft_batch(
-            list(rids),
+            rids,
             budget=c.budget,
             multi_branch=c.multi_branch,
             threads=c.draft_threads or None,
+            width=c.width,
+            pad_parent=0,
         )
-        return pad_like_ngram(bd.tokens, bd.parents, bd.num_nodes, c.width)
+        return bd.tokens, bd.parents
 
     def finish(self, rids: Sequence[Any]) -> None:
         """Ends the requests that left the decode batch (unknown ids are ignored)."""

@@ -11,7 +11,7 @@ use pyo3::types::PyDict;
 use super::args;
 use super::draft::{to_py, PyDraft};
 use super::errors::to_pyerr;
-use crate::cache::{panic_message, Cache, Config};
+use crate::cache::{panic_message, Cache, Config, MAX_BUDGET};
 use crate::error::{Error, Result};
 use crate::trie::Trie;
 
@@ -140,7 +140,8 @@ impl PyCache {
 
     /// Returns (tokens [B, W], parents [B, W], scores [B, W], num_nodes [B]), W = budget + 1.
     #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (rids, budget, multi_branch, threads=1))]
+    #[pyo3(signature = (rids, budget, multi_branch, threads=1, width=None, pad_parent=-1))]
+    #[allow(clippy::too_many_arguments)]
     fn draft_batch<'py>(
         &self,
         py: Python<'py>,
@@ -148,6 +149,8 @@ impl PyCache {
         budget: &Bound<'py, PyAny>,
         multi_branch: &Bound<'py, PyAny>,
         threads: usize,
+        width: Option<usize>,
+        pad_parent: i32,
     ) -> PyResult<(
         Bound<'py, PyArray2<i32>>,
         Bound<'py, PyArray2<i32>>,
@@ -159,12 +162,31 @@ impl PyCache {
         let multi_branch = args::multi_branch(multi_branch)?;
         let b = ids.len();
         let w = budget.saturating_add(1);
+        let w = match width {
+            None => w,
+            Some(x) if (w..=MAX_BUDGET + 1).contains(&x) => x,
+            Some(x) => {
+                return Err(to_pyerr(
+                    py,
+                    Error::InvalidInput(format!(
+                        "width must be in [budget + 1, {}], got {x} (budget {budget})",
+                        MAX_BUDGET + 1
+                    )),
+                ))
+            }
+        };
+        if !(-1..=0).contains(&pad_parent) {
+            return Err(to_pyerr(
+                py,
+                Error::InvalidInput(format!("pad_parent must be -1 or 0, got {pad_parent}")),
+            ));
+        }
         let (tok, par, sc, num) = run(py, || {
             let trees = self
                 .inner
                 .draft_batch(&ids, budget, multi_branch, threads)?;
             let mut tok = vec![0i32; b * w];
-            let mut par = vec![-1i32; b * w];
+            let mut par = vec![pad_parent; b * w];
             let mut sc = vec![0f32; b * w];
             let mut num = vec![0i32; b];
             for (i, t) in trees.iter().enumerate() {
