@@ -22,8 +22,10 @@ request, and the host time of the step's drafting calls is recorded:
   k = N - 1) over each request's context, one after another.
 
 The drafters take turns step by step (order rotating), each with its own requests, so a phase
-of this VM's speed hits all alike. Prints, per batch size, tokens per request-step (AL) and
-host ms per batch step (mean, p50, p99). Needs the peers (`make peers`) for SGLang.
+of this VM's speed hits all alike; the whole replay runs `--rounds` times (3) and the
+timings printed are the median round's. Prints, per batch size, tokens per request-step (AL),
+host ms per batch step (mean, p50, p99) and µs per request-step, and our per-request time
+over the next drafter's, per round. Needs the peers (`make peers`) for SGLang.
 """
 
 from __future__ import annotations
@@ -79,11 +81,13 @@ class Batch:
 
 class Ours:
     name = "lookahead (plugin drafter)"
+    depth = 18  # SGLang's default --speculative-ngram-max-trie-depth
+    config_json: str | None = None  # LOOKAHEAD_CONFIG
 
     def __init__(self, width):
-        args = SimpleNamespace(speculative_num_draft_tokens=width, speculative_ngram_max_trie_depth=18,
+        args = SimpleNamespace(speculative_num_draft_tokens=width, speculative_ngram_max_trie_depth=self.depth,
                                speculative_ngram_capacity=10_000_000, speculative_ngram_max_bfs_breadth=10)  # fmt: skip
-        self.d = LookaheadDrafter(ServingConfig.from_args(args, None))
+        self.d = LookaheadDrafter(ServingConfig.from_args(args, self.config_json))
         self.gone: list = []
 
     def step(self, batch: Batch):
@@ -193,19 +197,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="1,16,48", help="comma-separated batch sizes")
     ap.add_argument("--width", type=int, default=12, help="verify width N (SGLang's default 12)")
     ap.add_argument("--no-sglang", action="store_true", help="skip SGLang's corpus")
+    ap.add_argument("--depth", type=int, default=18, help="our trie depth (SGLang's default 18)")
+    ap.add_argument("--config", default=None, help="LOOKAHEAD_CONFIG JSON for ours")
+    ap.add_argument("--rounds", type=int, default=3, help="repeats; timings: the median")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     traces = read_traces(args.traces)
+    Ours.depth, Ours.config_json = args.depth, args.config
+    if args.depth != 18 or args.config:
+        Ours.name = f"lookahead (depth {args.depth}{', ' + args.config if args.config else ''})"
     kinds = [Ours, Vllm] if args.no_sglang else [Ours, Sglang, Vllm]
     out = header(command_line("python benchmarks/serving_host.py", argv))
     out["rows"] = []
-    print(f"{len(traces)} traces, verify width {args.width}; host ms per batch step")
+    print(f"{len(traces)} traces, verify width {args.width}; host ms per batch step, median of "
+          f"{args.rounds} rounds")  # fmt: skip
     print(f"{'B':>3}  {'drafter':<28}{'AL':>7}{'mean':>9}{'p50':>9}{'p99':>9}{'µs/req-step':>13}")
     for size in [int(x) for x in args.batch.split(",")]:
-        for r in run(traces, size, args.width, kinds):
+        rounds = [run(traces, size, args.width, kinds) for _ in range(args.rounds)]
+        for j, r in enumerate(rounds[0]):
+            per = [rs[j] for rs in rounds]
+            # The AL is exact (the same in every round); timings: the median round.
+            r = {**r, **{k: float(np.median([x[k] for x in per]))
+                         for k in ("ms_mean", "ms_p50", "ms_p99", "us_per_request_step")},
+                 "rounds_us_per_request_step": [x["us_per_request_step"] for x in per]}  # fmt: skip
             out["rows"].append(r)
             print(f"{size:>3}  {r['drafter']:<28}{r['al']:>7.3f}{r['ms_mean']:>9.3f}"
                   f"{r['ms_p50']:>9.3f}{r['ms_p99']:>9.3f}{r['us_per_request_step']:>13.1f}")  # fmt: skip
+        if len(kinds) > 1:
+            ratio = [rs[0]["us_per_request_step"] / rs[1]["us_per_request_step"] for rs in rounds]
+            print(f"     ours / {rounds[0][1]['drafter']}: median {np.median(ratio):.2f}x over "
+                  f"{len(ratio)} rounds (min {min(ratio):.2f}x, max {max(ratio):.2f}x)")  # fmt: skip
         sys.stdout.flush()
     if args.json:
         write_json(args.json, out)

@@ -439,3 +439,34 @@ def test_draft_batch_pads_to_a_fixed_width():
     ):
         with pytest.raises(InvalidInput, match=match):
             c.draft_batch(["a"], budget=3, **kw)
+
+
+def test_extend_batch_is_extend_per_request():
+    kw = dict(max_depth=4, background_indexing=False)
+    one, many = LookaheadCache(**kw), LookaheadCache(**kw)
+    prompts = {"a": [1, 2, 3, 4], "b": [5, 6, 7], 3: [1, 9]}
+    news = {"a": [2, 3, 1], "b": [], 3: [9, 1, 2, 3]}
+    for c in (one, many):
+        for rid, p in prompts.items():
+            c.start_request(rid, p)
+    for rid, new in news.items():
+        one.extend(rid, new)
+    flat = np.array([t for new in news.values() for t in new], dtype=np.int64)
+    many.extend_batch(list(news), flat, [len(n) for n in news.values()])
+    for rid in prompts:
+        a, b = one.draft(rid, budget=6), many.draft(rid, budget=6)
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+    # Checked before anything changes: an unknown id, lengths that do not add up.
+    before = many.stats()
+    with pytest.raises(UnknownRequest):
+        many.extend_batch(["a", "nope"], [1, 2], [1, 1])
+    for rids, lengths, match in (
+        (["a"], [1], "lengths add up to 1, not to the 2 tokens"),
+        (["a"], [1, 1], "1 request ids but 2 lengths"),
+        (["a", "b"], [-1, 3], "non-negative"),
+        (["a", "b"], [1.0, 1], "non-negative"),
+        ("ab", [1, 1], "sequence of request ids"),
+    ):
+        with pytest.raises(InvalidInput, match=match):
+            many.extend_batch(rids, [1, 2], lengths)
+    assert many.stats() == before

@@ -9,6 +9,7 @@ rust/README.md for the design (scoring, eviction, concurrency).
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Union
@@ -48,8 +49,10 @@ class BatchDraft(NamedTuple):
         return Draft(self.tokens[b, :n], self.parents[b, :n], self.scores[b, :n], n)
 
 
-# Read once: os.cpu_count() costs ~10 µs per call here, as much as a whole draft.
-_DRAFT_THREADS = min(os.cpu_count() or 1, 8)
+# Half the cores, at most 8: a serving process has other work for the rest (prompt indexing,
+# its scheduler); on a 2-core machine a second draft thread costs more than it saves
+# (benchmarks/serving_host.py, BENCHMARKS.md §6). Read once: os.cpu_count() costs ~10 µs.
+_DRAFT_THREADS = max(1, min((os.cpu_count() or 1) // 2, 8))
 
 
 class LookaheadCache:
@@ -127,6 +130,25 @@ class LookaheadCache:
         """
         self._c.extend(rid, new_token_ids)
 
+    def extend_batch(
+        self, rids: list[RequestId], new_token_ids: TokenIds, lengths: list[int]
+    ) -> None:
+        """`extend` for many requests in one call: `new_token_ids` holds their new tokens one
+        request after another, `lengths[i]` of them request i's (0 allowed).
+
+        Every id is checked before anything changes; a serving loop saves a call and a GIL
+        release per request.
+        """
+        if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
+            raise InvalidInput(f"rids must be a sequence of request ids, got {rids!r}")
+        try:
+            lengths = [operator.index(n) for n in lengths]
+        except TypeError:
+            raise InvalidInput(f"lengths must be non-negative ints, got {lengths!r}") from None
+        if any(not 0 <= n < 2**63 for n in lengths):
+            raise InvalidInput(f"lengths must be non-negative ints, got {lengths!r}")
+        self._c.extend_batch(list(rids), new_token_ids, lengths)
+
     def extend_ndarray(self, rid: RequestId, new_token_ids: np.ndarray) -> None:
         """`extend` for a 1-D numpy integer array (any integer dtype, any strides).
 
@@ -167,7 +189,7 @@ class LookaheadCache:
     ) -> BatchDraft:
         """Drafts for many requests at once, padded to `[len(rids), width]`.
 
-        `threads` (default: min(cores, 8)) splits batches of 32 or more requests over threads
+        `threads` (default: half the cores, at most 8) splits batches of 32 or more requests over threads
         (at least 16 requests per thread). `width` (default `budget + 1`, at least that) and
         `pad_parent` (-1, or 0: padding nodes are token-0 children of the root, SGLang
         NGRAM's convention) shape the output for a fixed verify width.

@@ -637,6 +637,42 @@ impl Cache {
         self.extend_req(&req, tokens)
     }
 
+    /// `extend` for many requests: `tokens` is their new tokens one after another,
+    /// `lengths[i]` how many are request i's. Every id is looked up first, so an unknown one
+    /// fails the call before anything changes.
+    pub fn extend_batch(
+        &self,
+        rids: &[RequestId],
+        tokens: &[u32],
+        lengths: &[usize],
+    ) -> Result<()> {
+        if rids.len() != lengths.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} request ids but {} lengths",
+                rids.len(),
+                lengths.len()
+            )));
+        }
+        let total = lengths.iter().try_fold(0usize, |a, &n| a.checked_add(n));
+        if total != Some(tokens.len()) {
+            return Err(Error::InvalidInput(format!(
+                "lengths add up to {}, not to the {} tokens given",
+                total.map_or_else(|| "more than 2**64".into(), |t| t.to_string()),
+                tokens.len()
+            )));
+        }
+        let reqs = rids
+            .iter()
+            .map(|rid| self.request(rid))
+            .collect::<Result<Vec<_>>>()?;
+        let mut at = 0;
+        for (req, &n) in reqs.iter().zip(lengths) {
+            self.extend_req(req, &tokens[at..at + n])?;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// `extend` then `draft` with one lookup of the request; nothing is extended when
     /// `budget` is bad.
     pub fn step(

@@ -48,7 +48,7 @@ EXTRA_KEYS: dict[str, Any] = {
     "namespace": "extra_key",
     "exact_sampling": True,  # our exact tree sampling verification for non-greedy batches
     "index_threads": 0,  # background prompt-indexing threads (0: min(cores, 4); at most 256)
-    "draft_threads": 0,  # draft_batch threads (0: min(cores, 8))
+    "draft_threads": 0,  # draft_batch threads (0: half the cores, at most 8)
     # Index prompts on background threads. None: yes with one model rank, no with tensor or
     # pipeline parallelism, where every rank drafts for itself and must draft the same tree:
     # background indexing can reach the node budget, and so evict, at timing-dependent moments.

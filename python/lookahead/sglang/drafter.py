@@ -26,6 +26,11 @@ __all__ = ["LookaheadDrafter"]
 DEFAULT_NAMESPACE = "default"
 
 
+def _ints(seq: Any) -> list:
+    """Python ints from a list, an array or a tensor (for `array.extend`)."""
+    return seq.tolist() if hasattr(seq, "tolist") else list(seq)
+
+
 def _ids(seq: Any) -> np.ndarray:
     if isinstance(seq, np.ndarray):
         return seq.astype(np.int64, copy=False)
@@ -76,6 +81,10 @@ class LookaheadDrafter:
         scheduler appends them one step late). A request seen for the first time is started
         with its whole prompt; afterwards only the tokens beyond what the cache has are sent.
         """
+        # One extend_batch call for the whole batch: the new tokens one request after another.
+        rids: list = []
+        lengths: list[int] = []
+        flat = array("q")
         for i, req in enumerate(reqs):
             # Lengths first: only a new request's prompt and each step's new tokens are
             # converted, so a step costs the same at 1k and at 100k tokens of context.
@@ -94,11 +103,17 @@ class LookaheadDrafter:
             if total > seen:
                 # seen >= n_prompt here: start_request took the whole prompt.
                 start = seen - n_prompt
-                new = _ids(outputs[start:]) if start < n_out else _ids(())
+                before = len(flat)
+                if start < n_out:
+                    part = outputs[start:]
+                    flat.extend(part if isinstance(part, list) else _ints(part))
                 if len(extra):
-                    new = np.concatenate([new, _ids(extra[max(0, start - n_out) :])])
-                self.cache.extend(req.rid, new)
+                    flat.extend(_ints(extra[max(0, start - n_out) :]))
+                rids.append(req.rid)
+                lengths.append(len(flat) - before)
             self._ctx_len[req.rid] = total
+        if rids:
+            self.cache.extend_batch(rids, np.frombuffer(flat, dtype=np.int64), lengths)
 
     def draft(self, rids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         """One `draft_batch` call for the batch; trees padded to the verify width N.

@@ -106,6 +106,19 @@ impl PyCache {
         run(py, || self.inner.extend(&rid, &tokens))
     }
 
+    /// `extend` for many requests in one call (one GIL release).
+    fn extend_batch(
+        &self,
+        py: Python<'_>,
+        rids: Vec<Bound<'_, PyAny>>,
+        tokens: &Bound<'_, PyAny>,
+        lengths: Vec<usize>,
+    ) -> PyResult<()> {
+        let ids = rids.iter().map(args::rid).collect::<PyResult<Vec<_>>>()?;
+        let tokens = args::token_ids(tokens, "new_token_ids")?;
+        run(py, || self.inner.extend_batch(&ids, &tokens, &lengths))
+    }
+
     fn draft<'py>(
         &self,
         py: Python<'py>,
