@@ -328,3 +328,32 @@ def test_sync_reads_only_the_new_tokens(plugins_loaded):
     assert drafter._ctx_len["t"] == 7 + 4
     # The context ends "4 9 1": the prompt says 2 comes next.
     assert drafter.cache.draft("t", budget=1, multi_branch=False).tokens.tolist() == [1, 2]
+
+
+def test_a_failed_sync_resends_on_the_next_one(plugins_loaded):
+    from lookahead import InvalidInput
+
+    drafter = make_worker(width=6).drafter
+
+    def req(rid, prompt, out):
+        return SimpleNamespace(
+            rid=rid, origin_input_ids_unpadded=array("q", prompt), output_ids=out
+        )
+
+    a, b = req("a", [1, 2, 3], []), req("b", [4, 5, 6], [])
+    drafter.sync([a, b])
+    a.output_ids += [7, 8]
+    b.output_ids += [2**40]  # not a token id: the whole batch's extend is refused
+    with pytest.raises(InvalidInput):
+        drafter.sync([a, b])
+    assert drafter._ctx_len == {"a": 3, "b": 3}  # as the cache has them
+    b.output_ids[-1] = 11
+    drafter.sync([a, b])
+    assert drafter._ctx_len == {"a": 5, "b": 4}
+    # "a" got 7 8 after all: its context ends "3 7 8", and the prompt says nothing after 8.
+    c = drafter.cache
+    c.finish_request("b")
+    c.start_request("q", [3, 7])
+    assert c.draft("q", budget=1, multi_branch=False).tokens.tolist() == [7, 8]
+    with pytest.raises(ValueError, match="appears twice"):
+        drafter.sync([a, a])

@@ -82,10 +82,15 @@ class LookaheadDrafter:
         with its whole prompt; afterwards only the tokens beyond what the cache has are sent.
         """
         # One extend_batch call for the whole batch: the new tokens one request after another.
+        # The new context lengths are recorded only once the cache has the tokens, so a
+        # failure anywhere leaves `_ctx_len` as the cache has it (the next sync resends).
         rids: list = []
         lengths: list[int] = []
         flat = array("q")
+        totals: dict[Any, int] = {}
         for i, req in enumerate(reqs):
+            if req.rid in totals:
+                raise ValueError(f"request {req.rid!r} appears twice in one batch")
             # Lengths first: only a new request's prompt and each step's new tokens are
             # converted, so a step costs the same at 1k and at 100k tokens of context.
             prompt, outputs = req.origin_input_ids_unpadded, req.output_ids
@@ -98,8 +103,9 @@ class LookaheadDrafter:
                 self.cache.finish_request(req.rid)
                 seen = None
             if seen is None:
+                self._ctx_len.pop(req.rid, None)
                 self.cache.start_request(req.rid, _ids(prompt), namespace=self.namespace_of(req))
-                seen = n_prompt
+                seen = self._ctx_len[req.rid] = n_prompt
             if total > seen:
                 # seen >= n_prompt here: start_request took the whole prompt.
                 start = seen - n_prompt
@@ -111,9 +117,10 @@ class LookaheadDrafter:
                     flat.extend(_ints(extra[max(0, start - n_out) :]))
                 rids.append(req.rid)
                 lengths.append(len(flat) - before)
-            self._ctx_len[req.rid] = total
+            totals[req.rid] = total
         if rids:
             self.cache.extend_batch(rids, np.frombuffer(flat, dtype=np.int64), lengths)
+        self._ctx_len.update(totals)
 
     def draft(self, rids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         """One `draft_batch` call for the batch; trees padded to the verify width N.
