@@ -539,11 +539,11 @@ impl Cache {
                 .map_or(1, |n| n.get())
                 .min(4)
         };
-        let pool = match cfg.background_indexing {
-            true => Some(Pool::new(threads).map_err(|e| {
-                Error::Io(format!("cannot start {threads} indexing threads: {e}"))
-            })?),
-            false => None,
+        let pool = if cfg.background_indexing {
+            let started = Pool::new(threads);
+            Some(started.map_err(|e| Error::Io(format!("cannot start {threads} threads: {e}")))?)
+        } else {
+            None
         };
         let shared = Arc::new(Shared {
             budget: Arc::new(Budget::new(cfg.capacity_nodes)),
