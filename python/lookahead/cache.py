@@ -49,6 +49,18 @@ class BatchDraft(NamedTuple):
         return Draft(self.tokens[b, :n], self.parents[b, :n], self.scores[b, :n], n)
 
 
+def _is_int(v) -> bool:
+    """A Python or numpy int, not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _rid_list(rids) -> list:
+    """`rids` as a list; a str is iterable too, but drafting for its characters is a mistake."""
+    if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
+        raise InvalidInput(f"rids must be a sequence of request ids, got {rids!r}")
+    return list(rids)
+
+
 # Half the cores, at most 8: a serving process has other work for the rest (prompt indexing,
 # its scheduler); on a 2-core machine a second draft thread costs more than it saves
 # (benchmarks/serving_host.py, BENCHMARKS.md §6). Read once: os.cpu_count() costs ~10 µs.
@@ -94,7 +106,7 @@ class LookaheadCache:
             ("capacity_nodes", capacity_nodes),
             ("index_threads", index_threads),
         ):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 2**63:
+            if not _is_int(v) or not 0 <= v < 2**63:
                 raise InvalidInput(f"{name} must be a non-negative int below 2**63, got {v!r}")
         for name, w in (("prompt_weight", prompt_weight), ("output_weight", output_weight)):
             if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
@@ -139,15 +151,14 @@ class LookaheadCache:
         Every id is checked before anything changes; a serving loop saves a call and a GIL
         release per request.
         """
-        if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
-            raise InvalidInput(f"rids must be a sequence of request ids, got {rids!r}")
+        rids = _rid_list(rids)
         try:
             lengths = [operator.index(n) for n in lengths]
         except TypeError:
             raise InvalidInput(f"lengths must be non-negative ints, got {lengths!r}") from None
         if any(not 0 <= n < 2**63 for n in lengths):
             raise InvalidInput(f"lengths must be non-negative ints, got {lengths!r}")
-        self._c.extend_batch(list(rids), new_token_ids, lengths)
+        self._c.extend_batch(rids, new_token_ids, lengths)
 
     def extend_ndarray(self, rid: RequestId, new_token_ids: np.ndarray) -> None:
         """`extend` for a 1-D numpy integer array (any integer dtype, any strides).
@@ -189,26 +200,23 @@ class LookaheadCache:
     ) -> BatchDraft:
         """Drafts for many requests at once, padded to `[len(rids), width]`.
 
-        `threads` (default: half the cores, at most 8) splits batches of 32 or more requests over threads
-        (at least 16 requests per thread). `width` (default `budget + 1`, at least that) and
+        `threads` (default: half the cores, at most 8) splits batches of 32 or more requests
+        over threads (at least 16 requests per thread). `width` (default `budget + 1`, at least that) and
         `pad_parent` (-1, or 0: padding nodes are token-0 children of the root, SGLang
         NGRAM's convention) shape the output for a fixed verify width.
         """
-        if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
-            raise InvalidInput(f"rids must be a sequence of request ids, got {rids!r}")
+        rids = _rid_list(rids)
         if threads is None:
             threads = _DRAFT_THREADS
-        elif isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 0:
+        elif not _is_int(threads) or threads < 0:
             raise InvalidInput(f"threads must be a non-negative int or None, got {threads!r}")
-        if width is not None and (
-            isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1
-        ):
+        if width is not None and (not _is_int(width) or width < 1):
             raise InvalidInput(f"width must be a positive int or None, got {width!r}")
         if isinstance(pad_parent, bool) or pad_parent not in (-1, 0):
             raise InvalidInput(f"pad_parent must be -1 or 0, got {pad_parent!r}")
         return BatchDraft(
             *self._c.draft_batch(
-                list(rids),
+                rids,
                 budget,
                 multi_branch,
                 min(int(threads), 1024),

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lookahead import kernels
+from lookahead.cache import _is_int
 from lookahead.kv import check_cache_layers, check_model_supports_kv, keep_path, new_cache
 from lookahead.sampling import SamplingConfig, node_scores
 
@@ -159,7 +160,7 @@ def _check_budget(name: str, v) -> int:
     """`v` as a draft budget: an int in [0, MAX_BUDGET] (bools and floats refused)."""
     from lookahead._core import MAX_BUDGET
 
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_BUDGET:
+    if not _is_int(v) or not 0 <= v <= MAX_BUDGET:
         raise ValueError(f"{name} must be an int in [0, {MAX_BUDGET}], got {v!r}")
     return int(v)
 

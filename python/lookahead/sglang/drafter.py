@@ -101,9 +101,9 @@ class LookaheadDrafter:
             if seen is not None and seen > total:
                 # The context shrank (a retracted request re-admitted): start it again.
                 self.cache.finish_request(req.rid)
+                del self._ctx_len[req.rid]
                 seen = None
             if seen is None:
-                self._ctx_len.pop(req.rid, None)
                 self.cache.start_request(req.rid, _ids(prompt), namespace=self.namespace_of(req))
                 seen = self._ctx_len[req.rid] = n_prompt
             if total > seen:
