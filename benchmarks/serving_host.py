@@ -108,7 +108,9 @@ class Sglang:
     name = "SGLang NGRAM (C++ corpus)"
 
     def __init__(self, width):
-        from lookahead.bench.peers.sglang_ngram import _import_corpus_class
+        from lookahead.bench.peers.sglang_ngram import _import_corpus_class, mask_to_parents
+
+        self.mask_to_parents = mask_to_parents
 
         self.c = _import_corpus_class()(max_trie_depth=18, min_bfs_breadth=1, max_bfs_breadth=10,
                                         draft_token_num=width, match_type="BFS", capacity=10_000_000)  # fmt: skip
@@ -129,13 +131,11 @@ class Sglang:
         # Untimed: its insert thread must not run on into another drafter's timed turn (in
         # SGLang it overlaps the next forward on a spare core).
         self.c.synchronize()
-        from lookahead.bench.peers.sglang_ngram import mask_to_parents
-
         d = self.width
         ids, mask = np.asarray(ids).reshape(-1, d), np.asarray(mask).reshape(-1, d, d)
         trees = []
         for i in range(len(rids)):
-            pars = mask_to_parents(mask[i])
+            pars = self.mask_to_parents(mask[i])
             trees.append((ids[i, 1:].tolist(), [p - 1 for p in pars[1:]]))
         return ns, trees
 

@@ -46,7 +46,7 @@ def _two_five(v, _pos) -> str:
 
 
 def _grouped(ax, cols, series, width=None):
-    """Bars of each `(label, values)` in `series`, grouped by column."""
+    """Bars of each `(label, values, bar style)` in `series`, grouped by column."""
     width = width or 0.8 / len(series)
     for i, (label, values, style) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(cols))]
