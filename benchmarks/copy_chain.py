@@ -6,7 +6,11 @@ of our multi-branch draft at budget B:
 
 - `bound`: in hindsight, each of our steps accepts the longer of our tree's and a chain's
   acceptance, the chain copying after the latest (or first) occurrence of the longest suffix
-  (at most 11 tokens) of the request's context, or of all text seen so far (`latest_all`).
+  (at most 11 tokens) of the request's context, or of all text seen so far (`latest_all`);
+  `cursor`: after its first occurrence at or past an alignment cursor (where the text being
+  emitted was last copied from: the occurrence of a 3+-token suffix nearest the previous
+  cursor), as summaries and RAG answers follow their document in order; `any`: after the
+  occurrence whose copy is longest (hindsight among the longest suffix's occurrences).
   Our steps, so positions, stay ours: an optimistic bound for adding that chain.
 - `merge q`: a real drafter: our draft at B with its scores, plus the latest-occurrence chain
   scored `q**depth`; the best B nodes of the union are drafted (scores are monotone along
@@ -29,9 +33,10 @@ from lookahead.bench.traces import read_traces
 MAX_SUFFIX = 11
 
 
-def copy_after(text: np.ndarray, latest: bool = True) -> int | None:
-    """Index after the latest (or first) occurrence in `text[:-1]` of the longest suffix of
-    `text` (at most `MAX_SUFFIX` tokens) that occurs there; None if the last token never did."""
+def occurrences(text: np.ndarray) -> tuple[np.ndarray, int]:
+    """Indices right after each occurrence in `text[:-1]` of the longest suffix of `text` (at
+    most `MAX_SUFFIX` tokens) that occurs there, in text order, and that suffix's length;
+    empty if the last token never did."""
     n = len(text)
     ends = np.flatnonzero(text[:-1] == text[-1])
     k = 1
@@ -41,9 +46,15 @@ def copy_after(text: np.ndarray, latest: bool = True) -> int | None:
         if not longer.size:
             break
         ends, k = longer, k + 1
+    return ends + 1, k
+
+
+def copy_after(text: np.ndarray, latest: bool = True) -> int | None:
+    """Index after the latest (or first) occurrence of the longest suffix (`occurrences`)."""
+    ends, _ = occurrences(text)
     if not ends.size:
         return None
-    return int(ends[-1] if latest else ends[0]) + 1
+    return int(ends[-1] if latest else ends[0])
 
 
 def common_prefix(a, b) -> int:
@@ -56,7 +67,7 @@ def common_prefix(a, b) -> int:
 def bound(traces, budget):
     """Per category: (steps, ours, ours-or-chain for each chain) summed tokens per step."""
     cache = LookaheadCache(background_indexing=False)
-    names = ("latest", "first", "latest_all")
+    names = ("latest", "first", "latest_all", "cursor", "any")
     seen: list[np.ndarray] = []
     acc: dict[str, np.ndarray] = {}
     for rid, req in enumerate(traces):
@@ -69,7 +80,7 @@ def bound(traces, budget):
         cache.start_request(rid, prompt)
         cache.extend(rid, output[:1])
         row = acc.setdefault(req["category"], np.zeros(2 + len(names)))
-        pos = 1
+        pos, cursor = 1, None
         while pos < len(output):
             ctx = full[: len(prompt) + pos]
             d = cache.draft(rid, budget, True)
@@ -77,13 +88,30 @@ def bound(traces, budget):
             truth = output[pos : pos + min(budget, len(output) - pos - 1)]
             a = accepted_length(d.tokens[1:n].tolist(), (d.parents[1:n] - 1).tolist(), truth)
             row[:2] += (1, a + 1)
+            ends, _ = occurrences(ctx)
+            lens = [common_prefix(ctx[e : e + len(truth)], truth) for e in ends]
             for j, name in enumerate(names):
-                text = np.concatenate([hist, ctx]) if name == "latest_all" else ctx
-                at = copy_after(text, latest=name != "first")
-                m = 0 if at is None else common_prefix(text[at : at + len(truth)], truth)
+                if name == "latest_all":
+                    text = np.concatenate([hist, ctx])
+                    at = copy_after(text)
+                    m = 0 if at is None else common_prefix(text[at : at + len(truth)], truth)
+                elif not lens:
+                    m = 0
+                elif name == "any":
+                    m = max(lens)
+                elif name == "cursor" and cursor is not None and ends[-1] >= cursor:
+                    m = lens[int(np.searchsorted(ends, cursor))]
+                else:
+                    m = lens[0] if name == "first" else lens[-1]
                 row[2 + j] += max(a, m) + 1
-            cache.extend(rid, output[pos : pos + a + 1])
             pos += a + 1
+            # The alignment cursor: where the text now being emitted was copied from (the
+            # occurrence of the new context's longest suffix nearest the old cursor), once
+            # that suffix is 3+ tokens long.
+            new, k = occurrences(full[: len(prompt) + pos])
+            if new.size and k >= 3:
+                cursor = int(new[-1] if cursor is None else new[np.abs(new - cursor).argmin()])
+            cache.extend(rid, output[pos - a - 1 : pos])
         cache.finish_request(rid)
         seen.append(full)
     return names, acc
