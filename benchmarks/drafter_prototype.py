@@ -11,6 +11,10 @@ arguments:
 - `lowcap`: at most this many candidates per backoff level (the core: 4, from each trie's
   8 best, which this prototype does not model);
 - `g0`, `ge`: scale the Witten-Bell escape by `g0 / k**ge` for a match of k tokens;
+- `gd`: scale it by `gd**d` for the children of a draft node at depth d (the root: 0), as
+  a path accepted so far makes its copy likelier to go on;
+- `gd1`: apply `gd` only to states with one continuation; `gm`: only while the request's
+  last step accepted at least `gm` tokens;
 - `rec`: break score ties by recency (latest occurrence first);
 - `tau`: replace counts by counts decayed with time constant `tau` tokens (0: off);
 - `own`: the request's trie also counts its own outputs (what the core does since 7aac88d;
@@ -58,11 +62,15 @@ class Prototype(ReferenceCache):
         own=False,
         wp=1.0,
         wo=1.0,
+        gd=1.0,
+        gd1=False,
+        gm=0,
     ):
         super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo)
         self.own = own
         self.mode, self.cut, self.lowcap = mode, cut, lowcap
-        self.g0, self.ge, self.rec, self.tau = g0, ge, rec, tau
+        self.g0, self.ge, self.rec, self.tau, self.gd = g0, ge, rec, tau, gd
+        self.gd1, self.gm = gd1, gm
         self.clock = 0  # tokens seen so far (prompts at request start, then outputs)
         self.last: dict[tuple, int] = {}  # n-gram -> latest time seen (history)
         self.decayed: dict[tuple, tuple[float, int]] = {}  # n-gram -> (value, time)
@@ -90,6 +98,7 @@ class Prototype(ReferenceCache):
     def extend(self, rid, tokens):
         r = self.requests[rid]
         start = len(r["ctx"])
+        r["last_acc"] = len(tokens) - 1
         super().extend(rid, tokens)
         self._see(self.last, self.decayed, r["ctx"], start)
         if self.own:  # the request's trie counts its outputs too: they decay there as well
@@ -102,9 +111,11 @@ class Prototype(ReferenceCache):
         v, t0 = (r["decayed"] if x == 0 else self.decayed)[key]
         return v * math.exp(-(self.clock - t0) / self.tau)
 
-    def _level(self, r, p):
-        """Scores of p's continuations (dict) or None if no trie continues p."""
+    def _level(self, r, p, d=0):
+        """Scores of p's continuations (dict) or None if no trie continues p; `d`: the depth
+        in the draft of the node they continue."""
         gamma = self.g0 / len(p) ** self.ge
+        deep = self.gd**d if r.get("last_acc", 0) >= self.gm else 1.0
         out, wsum = defaultdict(float), 0.0
         parts = []
         for x, (trie, w) in enumerate(self._tries(r)):
@@ -116,7 +127,8 @@ class Prototype(ReferenceCache):
         if not parts:
             return None
         for w, vals in parts:
-            den = sum(vals.values()) + gamma * len(vals)
+            g = gamma * (deep if len(vals) == 1 or not self.gd1 else 1.0)
+            den = sum(vals.values()) + g * len(vals)
             for t, v in vals.items():
                 out[t] += w * v / den / wsum
         return out
@@ -124,12 +136,12 @@ class Prototype(ReferenceCache):
     def _recency(self, r, key):
         return max(r["last"].get(key, -1), self.last.get(key, -1))
 
-    def dist(self, r, seq, at_root):
-        """Scored candidates after `seq`, best first."""
+    def dist(self, r, seq, at_root, d=0):
+        """Scored candidates after `seq` (`d` of its tokens drafted), best first."""
         scores, recent, left = {}, {}, 1.0
         for k in range(min(len(seq), self.depth - 1), 0, -1):
             p = tuple(seq[-k:])
-            q = self._level(r, p)
+            q = self._level(r, p, d)
             if q is None:
                 continue
             first = not scores
@@ -164,7 +176,7 @@ class Prototype(ReferenceCache):
             parents.append(parent)
             probs.append(-negp)
             paths.append(paths[parent] + [t])
-            for v, t2 in self.dist(r, ctx + paths[i], False)[:budget]:
+            for v, t2 in self.dist(r, ctx + paths[i], False, len(paths[i]))[:budget]:
                 heapq.heappush(heap, (negp * v, seq, i, t2))
                 seq += 1
         return tokens, parents, probs
