@@ -169,7 +169,7 @@ def test_copy_oracle_equals_brute_force(requests, budget):
         for pos in range(1, len(output)):
             cap = min(budget, len(output) - pos - 1)
             assert lens[pos] == _oracle_brute(history, prompt, output, pos, cap), (pos, lens)
-        history += [list(prompt), list(output)]
+        history.append(list(prompt) + list(output))  # one document: output after prompt
 
 
 def test_sglang_mask_to_parents():
@@ -220,3 +220,15 @@ def test_copy_oracle_first_seen_bigrams():
     # Index 0 is the prefill's token (never drafted); 2-5 first at index 1 (seen once pos > 1);
     # 5-6 at 2; 6-5 at 3; 5-6 again at 4 (seen from pos 3 on); 6-3 at 5; 3-4 in history.
     assert first.tolist() == [0, 2, 3, 4, 3, 6, 0]
+
+
+def test_copy_oracle_counts_the_prompt_output_boundary_as_seen():
+    # The prefill's token follows the prompt before any draft: the bigram across the boundary
+    # (1-2) is seen from the first step on, in this request and in later ones.
+    o = CopyOracle(max_budget=4)
+    assert o.first_seen(np.array([7, 1]), np.array([2, 3, 1, 2])).tolist() == [0, 2, 3, 0]
+    o.lengths(np.array([7, 1]), np.array([2, 3, 1, 2]))
+    assert o.first_seen(np.array([5, 8]), np.array([4, 1, 2])).tolist() == [0, 2, 0]
+    # ... and a copy may run across an earlier request's boundary: after 7 (output[1]), the
+    # seen text "7 1 | 2 3 1 2" continues 1 2 3 (cap 3); with prompt and output apart, 1.
+    assert o.lengths(np.array([9, 8]), np.array([5, 7, 1, 2, 3, 0]))[2] == 3

@@ -3,9 +3,10 @@
 At output position `pos` of a request, the oracle accepts the longest prefix of the true
 continuation `output[pos:]` (capped at the budget, and leaving the bonus token) that occurs right
 after an occurrence of a suffix of the current context anywhere in the text seen so far: all
-earlier requests' prompts and outputs, this request's prompt, and its verified output
-`output[:pos]`. Any non-empty suffix's occurrence contains one of the last token alone, so the
-search is for `[context[-1]] + continuation[:L]` inside one seen document, ending before `pos`.
+earlier requests' prompts and outputs (each output right after its prompt, one document), this
+request's prompt, and its verified output `output[:pos]`. Any non-empty suffix's occurrence
+contains one of the last token alone, so the search is for `[context[-1]] +
+continuation[:L]` inside one seen document, ending before `pos`.
 
 A drafter whose every draft path is one contiguous copy of seen text after a match of at least
 one token can never accept more at the same step. A drafter that chains overlapping n-grams
@@ -50,7 +51,9 @@ class CopyOracle:
         """`F[j]`: the smallest `pos` at which the bigram `(output[j-1], output[j])` is in the
         seen text (0 if earlier requests or the prompt hold it). Accepting `output[j]` at a step
         at `pos < F[j]` proposes a bigram never seen: a leak. Call before `lengths`."""
-        local = set(self._bigram_keys(prompt.astype(np.int64)))
+        # The prompt's bigrams and the one across the prompt/output boundary: the prefill's
+        # token follows the prompt before any draft.
+        local = set(self._bigram_keys(np.concatenate([prompt, output[:1]]).astype(np.int64)))
         keys = self._bigram_keys(output.astype(np.int64))
         first = np.zeros(output.shape[0], dtype=np.int64)
         first_idx: dict[int, int] = {}
@@ -85,8 +88,8 @@ class CopyOracle:
                 if starts.size:
                     length += 1
             out[pos] = length
-        self._append(prompt.astype(np.int64))
-        self._append(output.astype(np.int64))
-        self._bigrams.update(self._bigram_keys(prompt.astype(np.int64)))
-        self._bigrams.update(self._bigram_keys(output.astype(np.int64)))
+        # One document: the output follows its prompt (drafters index n-grams across the two).
+        doc = np.concatenate([prompt, output]).astype(np.int64)
+        self._append(doc)
+        self._bigrams.update(self._bigram_keys(doc))
         return out
