@@ -19,9 +19,11 @@ arguments:
 - `tau`: replace counts by counts decayed with time constant `tau` tokens (0: off);
 - `own`: the request's trie also counts its own outputs (what the core does since 7aac88d;
   off: session 2's rules, where only the shared history saw them);
-- `wp`, `wo`: `prompt_weight` (the request's trie) and `output_weight` (the core: 4 and 1).
+- `wp`, `wo`: `prompt_weight` (the request's trie) and `output_weight` (the core: 4 and 1);
+- `skip`: `(lo, hi)`: the history does not answer for contexts of lo..hi tokens (the core's
+  `history_skip`, default (3, 6) since session 8; None here, so earlier rows reproduce).
 
-The core's current rules are `mode="ppm_root",cut=0.2,lowcap=4,own=True,wp=4`.
+The core's current rules are `mode="ppm_root",cut=0.2,lowcap=4,own=True,wp=4,skip=(3,6)`.
 
     python benchmarks/drafter_prototype.py data/traces/specbench_smollm2.jsonl.gz 16 \
         'mode="longest"' 'mode="ppm",cut=0.2,tau=10000'
@@ -65,8 +67,9 @@ class Prototype(ReferenceCache):
         gd=1.0,
         gd1=False,
         gm=0,
+        skip=None,
     ):
-        super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo)
+        super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo, history_skip=skip)
         self.own = own
         self.mode, self.cut, self.lowcap = mode, cut, lowcap
         self.g0, self.ge, self.rec, self.tau, self.gd = g0, ge, rec, tau, gd
@@ -119,7 +122,9 @@ class Prototype(ReferenceCache):
         out, wsum = defaultdict(float), 0.0
         parts = []
         for x, (trie, w) in enumerate(self._tries(r)):
-            c = self._cont(trie, p) if w > 0 else {}
+            c = self._raw(trie, p) if w > 0 else {}
+            if x == 1 and self.skip and self.skip[0] <= len(p) <= self.skip[1]:
+                c = {}
             if c:
                 vals = {t: self._value(r, x, p + (t,), n) for t, n in c.items()}
                 parts.append((w, vals))

@@ -12,7 +12,9 @@ rust/README.md ("Drafting") literally:
   best (count desc, token asc), the other trie its own (or its TOP_K best); each offered token
   is scored with both tries' counts;
 - match: the longest suffix (<= max_depth - 1 tokens) of the context with a continuation in a
-  participating trie (weight > 0), scanning lengths from longest to shortest;
+  participating trie (weight > 0), scanning lengths from longest to shortest; the history
+  takes part only at lengths outside `history_skip` (lo..=hi), but a state keeps following
+  it (a node's history flag: its n-gram has a continuation there), so deeper it answers again;
 - score(t) = (w_p * c_P/(S_P + D_P) + w_o * c_H/(S_H + D_H)) / (w_p + w_o) over the tries
   still tracked (S: sum of the continuations' counts, D: their number);
 - backoff, at the root only: after the candidates of the matched n-gram p come those of p's
@@ -51,9 +53,15 @@ class ReferenceCache:
     """Brute-force model of `lookahead.LookaheadCache` (same method names)."""
 
     def __init__(
-        self, max_depth=12, prompt_weight=4.0, output_weight=1.0, keep_prompt_as_history=False
+        self,
+        max_depth=12,
+        prompt_weight=4.0,
+        output_weight=1.0,
+        keep_prompt_as_history=False,
+        history_skip=(3, 6),
     ):
         self.depth = max_depth
+        self.skip = history_skip
         self.wp = float(prompt_weight)
         self.wo = float(output_weight)
         self.keep = keep_prompt_as_history
@@ -93,12 +101,25 @@ class ReferenceCache:
         return [(r["trie"], self.wp), (self.history[r["ns"]], self.wo)]
 
     @staticmethod
-    def _cont(trie: Counts, p: tuple) -> dict[int, int]:
+    def _raw(trie: Counts, p: tuple) -> dict[int, int]:
         return {t: c for t, c in trie.get(p, {}).items() if c > 0}
 
+    def _answers(self, x: int, p: tuple) -> bool:
+        """Whether trie x (0: the request's, 1: the history) takes part at n-gram `p`."""
+        return x == 0 or self.skip is None or not self.skip[0] <= len(p) <= self.skip[1]
+
+    def _conts(self, r, state):
+        """Per trie, the continuations of `state` that count (none where it does not take part)."""
+        p, tracked = state
+        return [
+            self._raw(trie, p) if on and self._answers(x, p) else {}
+            for x, ((trie, _), on) in enumerate(zip(self._tries(r), tracked))
+        ]
+
     def _state(self, r, p):
-        tracked = tuple(w > 0 and bool(self._cont(trie, p)) for trie, w in self._tries(r))
-        return (p, tracked) if any(tracked) else None
+        tracked = tuple(w > 0 and bool(self._raw(trie, p)) for trie, w in self._tries(r))
+        takes_part = any(on and self._answers(x, p) for x, on in enumerate(tracked))
+        return (p, tracked) if takes_part else None
 
     def _match(self, r, ctx):
         for k in range(min(len(ctx), self.depth - 1), 0, -1):
@@ -109,10 +130,8 @@ class ReferenceCache:
 
     def _mass(self, r, state):
         """Sum of the scores of all continuations of `state`, computed as the core does."""
-        p, tracked = state
         terms, wsum = [], 0.0
-        for (trie, w), on in zip(self._tries(r), tracked):
-            c = self._cont(trie, p) if on else {}
+        for (_, w), c in zip(self._tries(r), self._conts(r, state)):
             if c:
                 s = sum(c.values())
                 terms.append(w * s / float(s + len(c)))
@@ -123,9 +142,9 @@ class ReferenceCache:
         """Scored continuations, best first; a trie offers its TOP_K best (`top`: its
         BACKOFF_TOP best)."""
         p, tracked = state
-        conts = [
-            self._cont(trie, p) if on else {} for (trie, _), on in zip(self._tries(r), tracked)
-        ]
+        conts = self._conts(r, state)
+        # A trie left out here still follows the path where it continues it.
+        raw = [self._raw(trie, p) if on else {} for (trie, _), on in zip(self._tries(r), tracked)]
         sums = [sum(c.values()) for c in conts]
         dens = [float(sum(c.values()) + len(c)) for c in conts]
         wp = self.wp if sums[0] > 0 else 0.0
@@ -137,16 +156,14 @@ class ReferenceCache:
             cp, ch = conts[0].get(t, 0), conts[1].get(t, 0)
             a = wp * cp / dens[0] if sums[0] > 0 else 0.0
             b = wo * ch / dens[1] if sums[1] > 0 else 0.0
-            out.append(((a + b) / (wp + wo), t, (p + (t,), (cp > 0, ch > 0))))
+            follows = (raw[0].get(t, 0) > 0, raw[1].get(t, 0) > 0)
+            out.append(((a + b) / (wp + wo), t, (p + (t,), follows)))
         out.sort(key=lambda x: (-x[0], x[1]))
         return out
 
     def _continuations(self, r, state):
         """Tokens with a positive count after `state`'s n-gram in a tracked trie."""
-        p, tracked = state
-        return {
-            t for (trie, _), on in zip(self._tries(r), tracked) if on for t in self._cont(trie, p)
-        }
+        return {t for c in self._conts(r, state) for t in c}
 
     def _expand(self, r, path_tokens, state, is_root):
         cands = self._candidates(r, state) if state is not None else []

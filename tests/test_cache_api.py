@@ -118,6 +118,13 @@ def test_bad_arguments(cache):
         {"capacity_nodes": 2**70},
         {"index_threads": 257},
         {"index_threads": 10**5},  # refused before any thread starts
+        {"history_skip": (0, 3)},
+        {"history_skip": (4, 3)},
+        {"history_skip": (1, 65)},
+        {"history_skip": (3,)},
+        {"history_skip": "36"},
+        {"history_skip": (3.0, 6)},
+        {"history_skip": (True, 6)},
     ):
         with pytest.raises(InvalidInput):
             LookaheadCache(**kw)
@@ -366,9 +373,36 @@ def test_a_prompt_bigger_than_the_capacity_is_truncated():
     assert c.stats()["nodes"] == 0
 
 
+def test_history_skip_leaves_short_history_matches_out():
+    # Another request's text continues "10 11 12 13" (4 tokens) with 99; this request's prompt
+    # continues only "12 13", with 50. By default the history sits out at 3-6 tokens: the
+    # 2-token match wins, where the history says 99 too but the request's own text counts 4x.
+    def first_token(**kw):
+        c = LookaheadCache(background_indexing=False, **kw)
+        c.add_history([[10, 11, 12, 13, 99]])
+        c.start_request(1, [5, 12, 13, 50, 7, 10, 11, 12, 13])
+        return c.draft(1, budget=1, multi_branch=False).tokens[1]
+
+    assert first_token() == 50
+    assert first_token(history_skip=(3, 6)) == 50
+    assert first_token(history_skip=None) == 99
+    assert first_token(history_skip=(5, 6)) == 99  # a 4-token match is not skipped
+    # A long match (7+ tokens) is a repeat: the history answers again and is copied.
+    c = LookaheadCache(background_indexing=False)
+    c.add_history([list(range(1, 12))])
+    c.start_request(1, [0, 1, 2, 3, 4, 5, 6, 7])
+    assert c.draft(1, budget=3, multi_branch=False).tokens.tolist() == [7, 8, 9, 10]
+    assert c.config["history_skip"] == (3, 6)
+    assert LookaheadCache(history_skip=[2, 4]).config["history_skip"] == (2, 4)
+
+
 def test_save_load_round_trip(tmp_path):
     c = LookaheadCache(
-        max_depth=5, capacity_nodes=50_000, prompt_weight=0.5, background_indexing=False
+        max_depth=5,
+        capacity_nodes=50_000,
+        prompt_weight=0.5,
+        background_indexing=False,
+        history_skip=(2, 3),
     )
     rng = np.random.default_rng(2)
     c.add_history([rng.integers(0, 30, size=500) for _ in range(3)])

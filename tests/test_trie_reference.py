@@ -30,6 +30,9 @@ op = st.one_of(
 )
 
 weights = st.sampled_from([(1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (2.0, 0.5), (0.3, 1.7)])
+# The default, none, and skips that short n-grams reach: (2, 3) lets the history answer
+# again at 4 and 5 tokens.
+skips = st.sampled_from([(3, 6), None, (1, 1), (2, 2), (2, 3), (1, 3)])
 
 
 def assert_same_draft(cache, ref, rid, budget, multi):
@@ -42,16 +45,23 @@ def assert_same_draft(cache, ref, rid, budget, multi):
     assert got.num_nodes == len(want_t) <= budget + 1
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    depth=st.integers(2, 5),
+    depth=st.integers(2, 6),
     w=weights,
     keep=st.booleans(),
     background=st.booleans(),
+    skip=skips,
     ops=st.lists(op, max_size=25),
 )
-def test_drafts_match_reference(depth, w, keep, background, ops):
-    kw = dict(max_depth=depth, prompt_weight=w[0], output_weight=w[1], keep_prompt_as_history=keep)
+def test_drafts_match_reference(depth, w, keep, background, skip, ops):
+    kw = dict(
+        max_depth=depth,
+        prompt_weight=w[0],
+        output_weight=w[1],
+        keep_prompt_as_history=keep,
+        history_skip=skip,
+    )
     cache = LookaheadCache(capacity_nodes=1_000_000, background_indexing=background, **kw)
     ref = ReferenceCache(**kw)
     for o in ops:
@@ -86,12 +96,13 @@ wide_text = st.lists(st.one_of(st.just(0), st.integers(1, 120)), min_size=60, ma
 @given(
     depth=st.integers(2, 4),
     w=weights,
+    skip=skips,
     prompt=wide_text,
     history=st.lists(wide_text, max_size=2),
     output=st.lists(st.one_of(st.just(0), st.integers(1, 120)), min_size=1, max_size=40),
 )
-def test_wide_ngrams_match_reference(depth, w, prompt, history, output):
-    kw = dict(max_depth=depth, prompt_weight=w[0], output_weight=w[1])
+def test_wide_ngrams_match_reference(depth, w, skip, prompt, history, output):
+    kw = dict(max_depth=depth, prompt_weight=w[0], output_weight=w[1], history_skip=skip)
     cache = LookaheadCache(capacity_nodes=1_000_000, background_indexing=False, **kw)
     ref = ReferenceCache(**kw)
     for c in (cache, ref):

@@ -82,6 +82,13 @@ class LookaheadCache:
         background_indexing: `start_request` returns at once and the prompt is indexed on a
             worker thread; only that request's own `draft` waits for it.
         index_threads: background indexing threads (0: min(cores, 4); at most 256).
+        history_skip: `(lo, hi)`: drafts leave the shared history out where the longest
+            match is `lo` to `hi` tokens long (the request's own trie still answers, and the
+            history again for shorter contexts): such a match in other requests' text is
+            mostly a coincidence, and its continuation would outrank the request's own. One or
+            two tokens give common continuations; 7 and more are real repeats (a repeated
+            request still copies its earlier answer). `None`: consult it at every length.
+            Default `(3, 6)` (BENCHMARKS.md §2.1).
 
     All methods are thread-safe and release the GIL while the Rust core works.
     """
@@ -95,6 +102,7 @@ class LookaheadCache:
         keep_prompt_as_history: bool = False,
         background_indexing: bool = True,
         index_threads: int = 0,
+        history_skip: tuple[int, int] | None = (3, 6),
         *,
         _core_cache: _core.Cache | None = None,
     ) -> None:
@@ -111,6 +119,17 @@ class LookaheadCache:
         for name, w in (("prompt_weight", prompt_weight), ("output_weight", output_weight)):
             if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
                 raise InvalidInput(f"{name} must be a number, got {w!r}")
+        if history_skip is not None:
+            if (
+                isinstance(history_skip, (str, bytes))
+                or not isinstance(history_skip, Iterable)
+                or len(history_skip := tuple(history_skip)) != 2
+                or not all(_is_int(x) and 0 <= x < 2**63 for x in history_skip)
+            ):
+                raise InvalidInput(
+                    f"history_skip must be None or a pair of ints (lo, hi), got {history_skip!r}"
+                )
+            history_skip = (int(history_skip[0]), int(history_skip[1]))
         self._c = _core.Cache(
             int(max_depth),
             int(capacity_nodes),
@@ -119,6 +138,7 @@ class LookaheadCache:
             bool(keep_prompt_as_history),
             bool(background_indexing),
             int(index_threads),
+            history_skip,
         )
 
     @property

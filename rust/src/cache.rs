@@ -38,6 +38,10 @@ pub const MAX_DEPTH: usize = 64;
 pub const MAX_BUDGET: usize = 1 << 16;
 /// Most background indexing threads: more only compete for the cores and the capacity.
 pub const MAX_INDEX_THREADS: usize = 256;
+/// The default `history_skip`: a 3-6 token match in the shared history is left out of the
+/// draft (simulator, B = 16: 2.772 -> 2.794 tokens per step, every category up; repeated
+/// requests still copy their whole earlier answer; BENCHMARKS.md §2.1).
+pub const DEFAULT_HISTORY_SKIP: Option<(usize, usize)> = Some((3, 6));
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -49,6 +53,9 @@ pub struct Config {
     pub background_indexing: bool,
     /// Background indexing threads (0: min(available cores, 4)).
     pub index_threads: usize,
+    /// Context lengths `lo..=hi` at which drafts do not consult the shared history (`None`:
+    /// at every length); see `Sources::history_answers`.
+    pub history_skip: Option<(usize, usize)>,
 }
 
 impl Default for Config {
@@ -61,6 +68,7 @@ impl Default for Config {
             keep_prompt_as_history: false,
             background_indexing: true,
             index_threads: 0,
+            history_skip: DEFAULT_HISTORY_SKIP,
         }
     }
 }
@@ -96,6 +104,14 @@ impl Config {
         }
         if self.prompt_weight + self.output_weight <= 0.0 {
             return bad("prompt_weight and output_weight cannot both be 0".into());
+        }
+        if let Some((lo, hi)) = self.history_skip {
+            if !(1 <= lo && lo <= hi && hi <= MAX_DEPTH) {
+                return bad(format!(
+                    "history_skip must be (lo, hi) with 1 <= lo <= hi <= {MAX_DEPTH}, or None; \
+                     got ({lo}, {hi})"
+                ));
+            }
         }
         Ok(())
     }
@@ -751,6 +767,7 @@ impl Cache {
             prompt_weight: cfg.prompt_weight,
             output_weight: cfg.output_weight,
             max_depth: cfg.max_depth,
+            history_skip: cfg.history_skip,
             suffixes: [
                 current(&own_nodes, epochs[0], p.epoch),
                 current(&hist_nodes, epochs[1], h.epoch),

@@ -62,6 +62,9 @@ pub struct Sources<'a> {
     /// suffix), as `extend` keeps them; empty if unknown. Saves walking the tries from their
     /// roots for the first match.
     pub suffixes: [&'a [u32]; 2],
+    /// Context lengths `lo..=hi` at which the history does not take part (see
+    /// `history_answers`); `None`: it takes part at every length.
+    pub history_skip: Option<(usize, usize)>,
 }
 
 /// A draft tree: node 0 is the root (last context token), `parents[0] == -1`.
@@ -198,6 +201,22 @@ impl Sources<'_> {
         ]
     }
 
+    /// Whether the history takes part in a state of a `k`-token context: not for `k` in
+    /// `history_skip`. A match of a few tokens in other requests' text is mostly a
+    /// coincidence whose continuation would outrank the request's own shorter matches; one or
+    /// two tokens give common continuations, and long matches are real repeats (BENCHMARKS.md
+    /// §2.1).
+    #[inline]
+    fn history_answers(&self, k: usize) -> bool {
+        self.history_skip.is_none_or(|(lo, hi)| k < lo || k > hi)
+    }
+
+    /// Whether a trie takes part in state `st` (the history: where it answers).
+    #[inline]
+    fn takes_part(&self, st: &State) -> bool {
+        st[0] != NONE || (st[1] != NONE && self.history_answers(st[2] as usize))
+    }
+
     /// State of the `k`-token suffix of `ctx` if it has a continuation in a participating
     /// trie. `hint`, the state of a longer suffix of `ctx`, lets a trie with suffix links
     /// reach the node by following links instead of walking from the root.
@@ -241,7 +260,8 @@ impl Sources<'_> {
     /// Every trie stores all windows ending at each indexed position, so every suffix of a
     /// stored n-gram is stored too: "the k-suffix has a continuation" is monotone in k and a
     /// binary search finds the longest. (After eviction removed some n-grams this may settle
-    /// on a shorter suffix than a linear scan would.)
+    /// on a shorter suffix than a linear scan would.) Where no trie takes part (the history
+    /// only, left out by `history_skip`), the search goes on down from there.
     pub fn match_suffix(&self, ctx: &[u32]) -> Option<State> {
         self.match_hinted(ctx, None)
     }
@@ -252,39 +272,94 @@ impl Sources<'_> {
     fn match_hinted(&self, ctx: &[u32], hint: Option<State>) -> Option<State> {
         let mut longest = ctx.len().min(self.max_depth.saturating_sub(1));
         if let Some(h) = hint {
-            // The hint's n-gram has no continuation in the tries it tracks; a trie it does not
-            // track (`NONE`: that trie's count of the n-gram is 0) may still continue it, e.g.
-            // a history n-gram seen only as the prefix of a longer one.
-            let untracked = self
-                .tries()
-                .into_iter()
-                .enumerate()
-                .any(|(x, (t, w))| t.is_some() && w > 0.0 && h[x] == NONE);
+            // The hint's n-gram has no continuation in the tries that take part in it; a trie
+            // it does not track (`NONE`: that trie's count of the n-gram is 0) may still
+            // continue it, e.g. a history n-gram seen only as the prefix of a longer one, and
+            // so may a history left out by `history_skip`.
+            let skipped = h[1] != NONE && !self.history_answers(h[2] as usize);
+            let untracked = skipped
+                || self
+                    .tries()
+                    .into_iter()
+                    .enumerate()
+                    .any(|(x, (t, w))| t.is_some() && w > 0.0 && h[x] == NONE);
+            if skipped {
+                // That history may continue longer suffixes, where it answers again.
+                if let Some(st) = self.history_above(ctx, h, longest) {
+                    return Some(st);
+                }
+            }
             let cap = h[2] as usize - usize::from(!untracked);
             longest = longest.min(cap);
         }
         if longest == 0 {
             return None;
         }
-        if let Some(st) = self.probe(ctx, longest, hint) {
-            return Some(st);
-        }
-        // Invariant: suffix `lo` has a continuation (or lo == 0), suffix `hi` has none.
-        let (mut lo, mut hi, mut best) = (0, longest, None);
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            match self.probe(ctx, mid, hint) {
-                Some(st) => {
-                    lo = mid;
-                    best = Some(st);
+        let found = match self.probe(ctx, longest, hint) {
+            Some(st) => Some(st),
+            None => {
+                // Invariant: suffix `lo` has a continuation (or lo == 0), suffix `hi` has none.
+                let (mut lo, mut hi, mut best) = (0, longest, None);
+                while hi - lo > 1 {
+                    let mid = (lo + hi) / 2;
+                    match self.probe(ctx, mid, hint) {
+                        Some(st) => {
+                            lo = mid;
+                            best = Some(st);
+                        }
+                        None => hi = mid,
+                    }
                 }
-                None => hi = mid,
+                if lo == 0 {
+                    return None;
+                }
+                best.or_else(|| self.probe(ctx, lo, hint))
             }
+        };
+        // Down from the longest match to the first state a trie takes part in.
+        let mut st = found?;
+        while !self.takes_part(&st) {
+            let mut k = st[2] as usize - 1;
+            st = loop {
+                if k == 0 {
+                    return None;
+                }
+                if let Some(next) = self.probe(ctx, k, Some(st)) {
+                    break next;
+                }
+                k -= 1;
+            };
         }
-        if lo == 0 {
+        Some(st)
+    }
+
+    /// For `match_hinted` with hint `h` whose history node is left out by `history_skip`:
+    /// the state of the longest suffix of `ctx`, beyond the skipped lengths and at most
+    /// `longest` tokens, that the history continues (the other trie cannot continue a
+    /// suffix longer than `h`'s), if any.
+    fn history_above(&self, ctx: &[u32], h: State, longest: usize) -> Option<State> {
+        let (_, hi) = self.history_skip?;
+        let history = self.history.filter(|_| self.output_weight > 0.0)?;
+        let continues = |k: usize| {
+            let n = history.walk(&ctx[ctx.len() - k..]);
+            (n != NONE && history.has_continuation(n)).then_some(n)
+        };
+        let from = (hi + 1).max(h[2] as usize + 1);
+        if from > longest {
             return None;
         }
-        best.or_else(|| self.probe(ctx, lo, hint))
+        let mut best = (from, continues(from)?);
+        let (mut lo, mut up) = (from, longest + 1);
+        while up - lo > 1 {
+            let mid = (lo + up) / 2;
+            match continues(mid) {
+                Some(n) => {
+                    (lo, best) = (mid, (mid, n));
+                }
+                None => up = mid,
+            }
+        }
+        Some([NONE, best.1, best.0 as u32])
     }
 
     /// Scored continuations of `st`, best first (score desc, token asc), into `out`; only
@@ -331,7 +406,12 @@ impl Sources<'_> {
         out: &mut Vec<Cand>,
     ) -> (f64, bool) {
         let tries = self.tries();
-        let live = |x: usize| tries[x].0.filter(|_| tries[x].1 > 0.0 && st[x] != NONE);
+        let answers = [true, self.history_answers(st[2] as usize)];
+        let live = |x: usize| {
+            tries[x]
+                .0
+                .filter(|_| tries[x].1 > 0.0 && st[x] != NONE && answers[x])
+        };
         let mut ranked: [Option<&Side>; 2] = [None, None];
         let offer = if top { BACKOFF_TOP } else { TOP_K };
         let mut every_child = true;
@@ -401,6 +481,18 @@ impl Sources<'_> {
         out.extend(raw.iter().map(|r| Self::score(r, dens, wp, wo, wsum)));
         let all = every_child && out.len() < room;
         keep_best(out, room);
+        if let Some(h) = tries[1]
+            .0
+            .filter(|_| tries[1].1 > 0.0 && st[1] != NONE && !answers[1])
+        {
+            // A history left out here still follows the path: deeper, it may answer again.
+            for c in out.iter_mut() {
+                let n = h.find_child(st[1], c.token);
+                if n != NONE && h.node(n).count > 0 {
+                    c.child[1] = n;
+                }
+            }
+        }
         (Self::mass(sums, dens, wp, wo, wsum), all)
     }
 
@@ -544,7 +636,7 @@ impl Sources<'_> {
         while left >= BACKOFF_MIN_MASS && cur[2] > 1 {
             let Some(next) = (1..cur[2] as usize)
                 .rev()
-                .find_map(|k| self.probe(ctx, k, Some(cur)))
+                .find_map(|k| self.probe(ctx, k, Some(cur)).filter(|s| self.takes_part(s)))
             else {
                 break;
             };
@@ -591,11 +683,13 @@ impl Sources<'_> {
 
     /// Whether a participating trie continues state `st` with `token` (count > 0).
     fn continues(&self, st: State, token: u32) -> bool {
+        let answers = [true, self.history_answers(st[2] as usize)];
         self.tries().into_iter().enumerate().any(|(x, (t, w))| {
-            t.filter(|_| w > 0.0 && st[x] != NONE).is_some_and(|t| {
-                let n = t.find_child(st[x], token);
-                n != NONE && t.node(n).count > 0
-            })
+            t.filter(|_| w > 0.0 && st[x] != NONE && answers[x])
+                .is_some_and(|t| {
+                    let n = t.find_child(st[x], token);
+                    n != NONE && t.node(n).count > 0
+                })
         })
     }
 
@@ -734,6 +828,7 @@ mod tests {
             output_weight: 1.0,
             max_depth: depth,
             suffixes: [&[], &[]],
+            history_skip: None,
         }
     }
 
@@ -806,6 +901,7 @@ mod tests {
                 output_weight: wo,
                 max_depth: 4,
                 suffixes: [&[], &[]],
+                history_skip: None,
             };
             let mut scratch = Scratch::default();
             for ctx_len in [1usize, 2, 3] {

@@ -1,13 +1,16 @@
 //! save / load of the shared histories (a warm start). Prompts of live requests are not saved.
 //!
-//! Format, little-endian, version 1:
+//! Format, little-endian, version 2:
 //! ```text
 //! magic  b"LKAHTRIE"  | version u32 | max_depth u32 | capacity_nodes u64
 //! prompt_weight f64   | output_weight f64 | keep_prompt_as_history u8 | background_indexing u8
+//! history_skip lo u32 | hi u32 (0, 0: none)
 //! namespaces u32, then per namespace:
 //!   name_len u32 | name (UTF-8) | nodes u64 | nodes x (parent u32, token u32, count u32)
 //! b"END!"
 //! ```
+//! Version 1 (no `history_skip`; its drafts consulted the history at every length) loads
+//! with `history_skip` None.
 //! Nodes are in breadth-first order and numbered from 1 in file order (0 is the root), so a
 //! parent always comes before its children. Each namespace is a consistent snapshot (taken
 //! under its read lock); namespaces are saved one after another.
@@ -23,7 +26,7 @@ use crate::trie::{Trie, ROOT};
 
 const MAGIC: &[u8; 8] = b"LKAHTRIE";
 const END: &[u8; 4] = b"END!";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 pub fn save(cache: &Cache, path: &Path) -> Result<()> {
     let tmp = path.with_extension("tmp-lookahead");
@@ -40,6 +43,9 @@ pub fn save(cache: &Cache, path: &Path) -> Result<()> {
             u8::from(c.keep_prompt_as_history),
             u8::from(c.background_indexing),
         ])?;
+        let (lo, hi) = c.history_skip.unwrap_or((0, 0));
+        w.write_all(&(lo as u32).to_le_bytes())?;
+        w.write_all(&(hi as u32).to_le_bytes())?;
         let all = cache.namespaces();
         w.write_all(&(all.len() as u32).to_le_bytes())?;
         for ns in all {
@@ -101,9 +107,9 @@ pub fn load(path: &Path, background_indexing: Option<bool>) -> Result<Cache> {
         )));
     }
     let version = r.u32()?;
-    if version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(fmt(format!(
-            "save file version {version}, this build reads {VERSION}"
+            "save file version {version}, this build reads 1 to {VERSION}"
         )));
     }
     let max_depth = r.u32()? as usize;
@@ -111,6 +117,14 @@ pub fn load(path: &Path, background_indexing: Option<bool>) -> Result<Cache> {
     let prompt_weight = r.f64()?;
     let output_weight = r.f64()?;
     let [keep, bg] = r.bytes::<2>()?;
+    let history_skip = if version >= 2 {
+        match (r.u32()? as usize, r.u32()? as usize) {
+            (0, 0) => None,
+            skip => Some(skip),
+        }
+    } else {
+        None
+    };
     let cfg = Config {
         max_depth,
         capacity_nodes,
@@ -119,6 +133,7 @@ pub fn load(path: &Path, background_indexing: Option<bool>) -> Result<Cache> {
         keep_prompt_as_history: keep != 0,
         background_indexing: background_indexing.unwrap_or(bg != 0),
         index_threads: 0,
+        history_skip,
     };
     let cache =
         Cache::new(cfg).map_err(|e| fmt(format!("save file holds a bad configuration: {e}")))?;
@@ -185,6 +200,7 @@ mod tests {
             max_depth: 5,
             capacity_nodes: 100_000,
             background_indexing: false,
+            history_skip: Some((2, 3)),
             ..Config::default()
         };
         let c = Cache::new(cfg).unwrap();
@@ -212,6 +228,25 @@ mod tests {
             .unwrap();
         assert_eq!(d.draft(&rid, 1, true).unwrap().tokens.len(), 2);
         std::fs::write(&path, b"LKAHTRIE\x01\x00").unwrap();
+        assert_eq!(load(&path, None).err().unwrap().kind(), "Format");
+        // Version 1 had no history_skip: it loads with none (what its drafts did).
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(MAGIC);
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&6u32.to_le_bytes());
+        v1.extend_from_slice(&1000u64.to_le_bytes());
+        v1.extend_from_slice(&4f64.to_le_bytes());
+        v1.extend_from_slice(&1f64.to_le_bytes());
+        v1.extend_from_slice(&[0, 0]);
+        v1.extend_from_slice(&0u32.to_le_bytes());
+        v1.extend_from_slice(END);
+        std::fs::write(&path, &v1).unwrap();
+        let old = load(&path, None).unwrap();
+        assert_eq!(
+            (old.config().max_depth, old.config().history_skip),
+            (6, None)
+        );
+        std::fs::write(&path, [&v1[..8], &9u32.to_le_bytes(), &v1[12..]].concat()).unwrap();
         assert_eq!(load(&path, None).err().unwrap().kind(), "Format");
         std::fs::remove_dir_all(&dir).unwrap();
     }

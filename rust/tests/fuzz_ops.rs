@@ -116,6 +116,7 @@ fn fuzz_random_operations_from_threads() {
             keep_prompt_as_history: rng.below(2) == 0,
             background_indexing: rng.below(3) != 0,
             index_threads: 1 + rng.below(2) as usize,
+            history_skip: [None, Some((3, 6)), Some((1, 2))][rng.below(3) as usize],
         };
         let c = Arc::new(Cache::new(cfg).unwrap());
         let round_end = (Instant::now() + Duration::from_millis(300)).min(deadline);

@@ -122,6 +122,8 @@ def test_budget_too_large_for_the_graph_width_fails(plugins_loaded, monkeypatch)
         ('{"output_weight": -1}', "output_weight must be a number >= 0"),
         ('{"exact_sampling": 1}', "exact_sampling must be true or false"),
         ('{"index_threads": 1000}', r"index_threads must be an int in \[0, 256\]"),
+        ('{"history_skip": [4, 3]}', r"history_skip must be null or \[lo, hi\]"),
+        ('{"history_skip": 3}', r"history_skip must be null or \[lo, hi\]"),
     ],
 )
 def test_bad_lookahead_config_fails_at_start_up(plugins_loaded, monkeypatch, config_json, message):

@@ -49,6 +49,9 @@ EXTRA_KEYS: dict[str, Any] = {
     "exact_sampling": True,  # our exact tree sampling verification for non-greedy batches
     "index_threads": 0,  # background prompt-indexing threads (0: min(cores, 4); at most 256)
     "draft_threads": 0,  # draft_batch threads (0: half the cores, at most 8)
+    # Context lengths [lo, hi] at which drafts leave the shared history out (null: never);
+    # see LookaheadCache's history_skip.
+    "history_skip": [3, 6],
     # Index prompts on background threads. None: yes with one model rank, no with tensor or
     # pipeline parallelism, where every rank drafts for itself and must draft the same tree:
     # background indexing can reach the node budget, and so evict, at timing-dependent moments.
@@ -114,6 +117,22 @@ def _bool(name: str, v: Any) -> bool:
     return v
 
 
+def _skip(v: Any) -> tuple[int, int] | None:
+    if v is None:
+        return None
+    if (
+        not isinstance(v, (list, tuple))
+        or len(v) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        or not 1 <= v[0] <= v[1] <= 64
+    ):
+        raise LookaheadConfigError(
+            f"{CONFIG_ENV}: history_skip must be null or [lo, hi] with 1 <= lo <= hi <= 64, "
+            f"got {v!r}"
+        )
+    return (v[0], v[1])
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     """Everything the worker needs, resolved from SGLang's arguments and `LOOKAHEAD_CONFIG`."""
@@ -131,6 +150,7 @@ class ServingConfig:
     index_threads: int
     draft_threads: int
     background_indexing: bool | None
+    history_skip: tuple[int, int] | None
 
     @classmethod
     def from_args(cls, args: Any, config_json: str | None) -> ServingConfig:
@@ -198,6 +218,7 @@ class ServingConfig:
                 if extra["background_indexing"] is None
                 else _bool("background_indexing", extra["background_indexing"])
             ),
+            history_skip=_skip(extra["history_skip"]),
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -58,6 +58,7 @@ class LookaheadDrafter:
             keep_prompt_as_history=c.keep_prompt_as_history,
             background_indexing=c.background_indexing is not False,
             index_threads=c.index_threads,
+            history_skip=c.history_skip,
         )
 
     def namespace_of(self, req: Any) -> str:

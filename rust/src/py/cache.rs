@@ -11,7 +11,7 @@ use pyo3::types::PyDict;
 use super::args;
 use super::draft::{to_py, PyDraft};
 use super::errors::to_pyerr;
-use crate::cache::{panic_message, Cache, Config, MAX_BUDGET};
+use crate::cache::{panic_message, Cache, Config, DEFAULT_HISTORY_SKIP, MAX_BUDGET};
 use crate::error::{Error, Result};
 use crate::trie::Trie;
 
@@ -37,7 +37,7 @@ pub struct PyCache {
 impl PyCache {
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (max_depth, capacity_nodes, prompt_weight, output_weight, keep_prompt_as_history, background_indexing, index_threads=0))]
+    #[pyo3(signature = (max_depth, capacity_nodes, prompt_weight, output_weight, keep_prompt_as_history, background_indexing, index_threads=0, history_skip=DEFAULT_HISTORY_SKIP))]
     fn new(
         py: Python<'_>,
         max_depth: usize,
@@ -47,6 +47,7 @@ impl PyCache {
         keep_prompt_as_history: bool,
         background_indexing: bool,
         index_threads: usize,
+        history_skip: Option<(usize, usize)>,
     ) -> PyResult<Self> {
         let cfg = Config {
             max_depth,
@@ -56,6 +57,7 @@ impl PyCache {
             keep_prompt_as_history,
             background_indexing,
             index_threads,
+            history_skip,
         };
         Cache::new(cfg)
             .map(|inner| PyCache { inner })
@@ -73,6 +75,7 @@ impl PyCache {
         d.set_item("keep_prompt_as_history", c.keep_prompt_as_history)?;
         d.set_item("background_indexing", c.background_indexing)?;
         d.set_item("index_threads", c.index_threads)?;
+        d.set_item("history_skip", c.history_skip)?;
         Ok(d)
     }
 
