@@ -28,6 +28,8 @@ The core's current rules are `mode="ppm_root",cut=0.2,lowcap=4,own=True,wp=4,ski
     python benchmarks/drafter_prototype.py data/traces/specbench_smollm2.jsonl.gz 16 \
         'mode="longest"' 'mode="ppm",cut=0.2,tau=10000'
 
+`--twice` before the traces replays them twice (see `main`).
+
 Prints tokens per step per category. About 10 s per variant on the full traces.
 """
 
@@ -208,8 +210,15 @@ class Adapter:
 
 
 def main(argv):
-    """Usage: drafter_prototype.py TRACES BUDGET VARIANT [VARIANT ...]."""
+    """Usage: drafter_prototype.py [--twice] TRACES BUDGET VARIANT [VARIANT ...].
+
+    `--twice`: the traces, then all of them again as category "again" (a workload of repeated
+    requests: each second pass can copy its first pass's answer from the shared history)."""
+    twice = argv[:1] == ["--twice"]
+    argv = argv[1:] if twice else argv
     traces = read_traces(argv[0])
+    if twice:
+        traces = traces + [dict(t, category="again") for t in traces]
     budget = int(argv[1])
     oracle = oracle_tables(traces, 32)
     for spec in argv[2:]:

@@ -1,0 +1,51 @@
+"""Host cost and history size of cache configurations on the traces (BENCHMARKS.md §2.1).
+
+One multi-branch drafter per configuration replays the traces through the acceptance
+simulator (`run_drafters`, budget 16: the drafters take turns request by request in a
+rotating order, so a phase of this VM's speed hits them alike). Prints each one's tokens per
+step, its draft + extend time per step and its history nodes at the end. A configuration is
+`LookaheadCache` keyword arguments, as Python literals:
+
+    python benchmarks/config_cost.py [--traces FILE] CONFIG [CONFIG ...]
+    python benchmarks/config_cost.py max_depth=8 max_depth=10 max_depth=12
+    python benchmarks/config_cost.py history_skip=None 'history_skip=(3,6)'
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+
+from lookahead.bench.accept import oracle_tables, run_drafters, summarize
+from lookahead.bench.peers.ours import LookaheadDrafter
+from lookahead.bench.traces import DEFAULT_OUT, read_traces
+
+
+def parse(spec: str) -> dict:
+    """`'a=1,b=(3,6)'` -> `{"a": 1, "b": (3, 6)}`."""
+    call = ast.parse(f"f({spec})", mode="eval").body
+    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+
+
+def main(argv: list[str]) -> int:
+    path = DEFAULT_OUT
+    if argv[:1] == ["--traces"]:
+        path, argv = argv[1], argv[2:]
+    if not argv:
+        print(__doc__)
+        return 2
+    traces = read_traces(path)
+    drafters = [LookaheadDrafter(True, label=spec, **parse(spec)) for spec in argv]
+    rows = run_drafters(drafters, traces, oracle_tables(traces, 16), 16)
+    for spec, drafter, r in zip(argv, drafters, rows):
+        s = summarize(r)["overall"]
+        print(
+            f"{spec}: {s['al']:.3f} tokens per step; draft + extend per step mean "
+            f"{s['host_us_mean']:.2f} µs, p99 {s['host_us_p99']:.2f}; {s['steps']} steps; "
+            f"{drafter.cache.stats()['history_nodes']} history nodes"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
