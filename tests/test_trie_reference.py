@@ -31,7 +31,7 @@ op = st.one_of(
 
 weights = st.sampled_from([(1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (2.0, 0.5), (0.3, 1.7)])
 # The default, none, and skips that short n-grams reach: (2, 3) lets the history answer
-# again at 4 and 5 tokens.
+# again at 4 tokens and more (the default, at 7 and more, needs depth 8 or 9).
 skips = st.sampled_from([(3, 6), None, (1, 1), (2, 2), (2, 3), (1, 3)])
 
 
@@ -47,7 +47,7 @@ def assert_same_draft(cache, ref, rid, budget, multi):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    depth=st.integers(2, 6),
+    depth=st.integers(2, 9),
     w=weights,
     keep=st.booleans(),
     background=st.booleans(),
@@ -173,6 +173,24 @@ def test_batch_rows_equal_single_drafts():
             n = d.num_nodes
             assert (bd.tokens[rid, n:] == 0).all() and (bd.parents[rid, n:] == -1).all()
             assert (bd.scores[rid, n:] == 0).all()
+
+
+def test_rematch_reaches_past_a_count_zero_prefix_node():
+    # The history holds "1 1" and "1 1 1" only as count-0 prefixes of the windows that end at
+    # the outputs 4 and 5 (prompts are not kept): after backing off to "1" and drafting 1,
+    # the state's history is untracked, yet "1 1 1" continues there (-> 4); the fresh match
+    # must find that 3-gram, not stop at "1 1" (found by review, session 8).
+    kw = dict(max_depth=5, prompt_weight=1.0, output_weight=1.0, history_skip=None)
+    cache = LookaheadCache(capacity_nodes=100_000, background_indexing=False, **kw)
+    ref = ReferenceCache(**kw)
+    for c in (cache, ref):
+        for rid, prompt, out in (("A", [1, 1, 1], [4]), ("C", [2, 1, 1], [5])):
+            c.start_request(rid, prompt)
+            c.extend(rid, out)
+            c.finish_request(rid)
+        c.start_request("B", [3, 1, 1])
+    assert_same_draft(cache, ref, "B", 4, True)
+    assert cache.draft("B", budget=4).scores.tolist()[-1] == 0.0625
 
 
 def test_rematch_finds_an_ngram_the_state_did_not_track():

@@ -82,13 +82,14 @@ class LookaheadCache:
         background_indexing: `start_request` returns at once and the prompt is indexed on a
             worker thread; only that request's own `draft` waits for it.
         index_threads: background indexing threads (0: min(cores, 4); at most 256).
-        history_skip: `(lo, hi)`: drafts leave the shared history out where the longest
-            match is `lo` to `hi` tokens long (the request's own trie still answers, and the
-            history again for shorter contexts): such a match in other requests' text is
-            mostly a coincidence, and its continuation would outrank the request's own. One or
-            two tokens give common continuations; 7 and more are real repeats (a repeated
-            request still copies its earlier answer). `None`: consult it at every length.
-            Default `(3, 6)` (BENCHMARKS.md §2.1).
+        history_skip: `(lo, hi)`, `1 <= lo <= hi <= 64`: drafts leave the shared history
+            out of every draft state whose context (n-gram) is `lo` to `hi` tokens long; the
+            request's own trie still answers there, and the history does again for shorter
+            and longer contexts (a draft path keeps following it). With the default `(3, 6)`:
+            a 3-6-token match in other requests' text is mostly a coincidence whose
+            continuation would outrank the request's own; 1-2 tokens give common
+            continuations, and 7 and more are repeats (a repeated request still copies its
+            earlier answer). `None`: consult it at every length (BENCHMARKS.md §2.1).
 
     All methods are thread-safe and release the GIL while the Rust core works.
     """

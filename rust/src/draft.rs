@@ -272,25 +272,32 @@ impl Sources<'_> {
     fn match_hinted(&self, ctx: &[u32], hint: Option<State>) -> Option<State> {
         let mut longest = ctx.len().min(self.max_depth.saturating_sub(1));
         if let Some(h) = hint {
-            // The hint's n-gram has no continuation in the tries that take part in it; a trie
-            // it does not track (`NONE`: that trie's count of the n-gram is 0) may still
-            // continue it, e.g. a history n-gram seen only as the prefix of a longer one, and
-            // so may a history left out by `history_skip`.
-            let skipped = h[1] != NONE && !self.history_answers(h[2] as usize);
-            let untracked = skipped
-                || self
-                    .tries()
-                    .into_iter()
-                    .enumerate()
-                    .any(|(x, (t, w))| t.is_some() && w > 0.0 && h[x] == NONE);
-            if skipped {
+            // The hint's n-gram `g` has no continuation in the tries that take part in it, so
+            // neither has any longer suffix there (every suffix of a stored window is stored).
+            // A trie it does not track (`NONE`: no counted node for `g`) may still continue `g`
+            // through a count-0 prefix node, and then longer suffixes too; so may a history
+            // left out by `history_skip`.
+            let k = h[2] as usize;
+            let skipped = h[1] != NONE && !self.history_answers(k);
+            let (mut untracked, mut uncapped) = (skipped, false);
+            for (x, (t, w)) in self.tries().into_iter().enumerate() {
+                if let Some(t) = t.filter(|_| w > 0.0 && h[x] == NONE) {
+                    untracked = true;
+                    if k < longest {
+                        let n = t.walk(&ctx[ctx.len() - k..]);
+                        uncapped |= n != NONE && t.has_continuation(n);
+                    }
+                }
+            }
+            if skipped && !uncapped {
                 // That history may continue longer suffixes, where it answers again.
                 if let Some(st) = self.history_above(ctx, h, longest) {
                     return Some(st);
                 }
             }
-            let cap = h[2] as usize - usize::from(!untracked);
-            longest = longest.min(cap);
+            if !uncapped {
+                longest = longest.min(k - usize::from(!untracked));
+            }
         }
         if longest == 0 {
             return None;
@@ -344,7 +351,7 @@ impl Sources<'_> {
             let n = history.walk(&ctx[ctx.len() - k..]);
             (n != NONE && history.has_continuation(n)).then_some(n)
         };
-        let from = (hi + 1).max(h[2] as usize + 1);
+        let from = hi.saturating_add(1).max(h[2] as usize + 1);
         if from > longest {
             return None;
         }

@@ -49,7 +49,8 @@ class CopyOracle:
 
     def first_seen(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
         """`F[j]`: the smallest `pos` at which the bigram `(output[j-1], output[j])` is in the
-        seen text (0 if earlier requests or the prompt hold it). Accepting `output[j]` at a step
+        seen text (0 if earlier requests, the prompt or the bigram from the prompt's last token
+        to `output[0]` hold it). Accepting `output[j]` at a step
         at `pos < F[j]` proposes a bigram never seen: a leak. Call before `lengths`."""
         # The prompt's bigrams and the one across the prompt/output boundary: the prefill's
         # token follows the prompt before any draft.
