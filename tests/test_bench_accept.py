@@ -123,6 +123,13 @@ def test_simulator_rejects_bad_arguments(tmp_path):
         accept.main(["--traces", str(path), "--budgets", "0"])
     with pytest.raises(SystemExit):
         accept.main(["--traces", str(path), "--drafters", "vllm", "--ours-config", "x"])
+    with pytest.raises(SystemExit, match="not a bool, none, number"):
+        accept.main(["--traces", str(path), "--drafters", "vllm", "--ours-config", "a=b"])
+
+
+def test_ours_config_values():
+    got = accept._parse_kv(["history_skip=3,6", "x=none", "b=True", "w=0.5", "d=8"])
+    assert got == {"history_skip": (3, 6), "x": None, "b": True, "w": 0.5, "d": 8}
 
 
 def test_read_traces_validates(tmp_path):

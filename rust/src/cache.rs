@@ -39,7 +39,7 @@ pub const MAX_BUDGET: usize = 1 << 16;
 /// Most background indexing threads: more only compete for the cores and the capacity.
 pub const MAX_INDEX_THREADS: usize = 256;
 /// The default `history_skip`: a 3-6 token match in the shared history is left out of the
-/// draft (simulator, B = 16: 2.772 -> 2.794 tokens per step, every category up; repeated
+/// draft (simulator, B = 16: 2.772 -> 2.794 tokens per step, no category down; repeated
 /// requests still copy their whole earlier answer; BENCHMARKS.md §2.1).
 pub const DEFAULT_HISTORY_SKIP: Option<(usize, usize)> = Some((3, 6));
 

@@ -270,22 +270,29 @@ def _fmt_table(budget, names, summaries, cats, is_ours, is_default):
     return "\n".join(lines)
 
 
+def _parse_value(k, v):
+    """One --ours-config value: a bool, `none`, a number, or numbers joined by commas (a tuple)."""
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    if v.lower() == "none":
+        return None
+    parts = v.split(",")
+    try:
+        nums = [int(x) if x.strip().lstrip("-").isdigit() else float(x) for x in parts]
+    except ValueError as err:
+        raise SystemExit(
+            f"--ours-config {k}: not a bool, none, number or numbers joined by commas: {v!r}"
+        ) from err
+    return tuple(nums) if len(nums) > 1 else nums[0]
+
+
 def _parse_kv(items):
     out = {}
     for item in items or ():
         if "=" not in item:
             raise SystemExit(f"--ours-config expects KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
-        if v.lower() in ("true", "false"):
-            out[k] = v.lower() == "true"
-        else:
-            try:
-                out[k] = int(v)
-            except ValueError:
-                try:
-                    out[k] = float(v)
-                except ValueError as err:
-                    raise SystemExit(f"--ours-config {k}: not a number or bool: {v!r}") from err
+        out[k] = _parse_value(k, v)
     return out
 
 
@@ -311,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         "--ours-config",
         action="append",
         metavar="KEY=VALUE",
-        help="LookaheadCache constructor argument for ours (repeatable)",
+        help="LookaheadCache constructor argument for ours (repeatable); VALUE: true/false, "
+        "none, a number, or numbers joined by commas (history_skip=3,6)",
     )
     p.add_argument("--label", default="", help="suffix for our drafters' names")
     p.add_argument("--strict", action="store_true", help="fail if a peer is not installed")
