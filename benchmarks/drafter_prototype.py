@@ -20,6 +20,9 @@ arguments:
 - `own`: the request's trie also counts its own outputs (what the core does since 7aac88d;
   off: session 2's rules, where only the shared history saw them);
 - `wp`, `wo`: `prompt_weight` (the request's trie) and `output_weight` (the core: 4 and 1);
+- `lag`: each step's verified tokens are counted into the tries only after the next draft
+  (a serving loop that inserts in the background while the model runs; the context itself
+  is current);
 - `skip`: `(lo, hi)`: the history does not answer for contexts of lo..hi tokens (the core's
   `history_skip`, default (3, 6) since session 8; None here, so earlier rows reproduce).
 
@@ -47,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from lookahead.bench.accept import oracle_tables, run_drafter, summarize  # noqa: E402
 from lookahead.bench.traces import read_traces  # noqa: E402
-from reference_trie import ReferenceCache  # noqa: E402
+from reference_trie import ReferenceCache, _windows_into  # noqa: E402
 
 
 class Prototype(ReferenceCache):
@@ -70,12 +73,13 @@ class Prototype(ReferenceCache):
         gd1=False,
         gm=0,
         skip=None,
+        lag=False,
     ):
         super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo, history_skip=skip)
         self.own = own
         self.mode, self.cut, self.lowcap = mode, cut, lowcap
         self.g0, self.ge, self.rec, self.tau, self.gd = g0, ge, rec, tau, gd
-        self.gd1, self.gm = gd1, gm
+        self.gd1, self.gm, self.lag = gd1, gm, lag
         self.clock = 0  # tokens seen so far (prompts at request start, then outputs)
         self.last: dict[tuple, int] = {}  # n-gram -> latest time seen (history)
         self.decayed: dict[tuple, tuple[float, int]] = {}  # n-gram -> (value, time)
@@ -97,14 +101,28 @@ class Prototype(ReferenceCache):
         self._see(r["last"], r["decayed"], r["prompt"], 0)
         self.clock += len(prompt)
 
+    def finish_request(self, rid, keep_prompt=None):
+        self._count_pending(self.requests[rid])
+        super().finish_request(rid, keep_prompt)
+
     def _output_tries(self, r):
         return super()._output_tries(r) if self.own else (self.history[r["ns"]],)
+
+    def _count_pending(self, r):
+        lo, hi = r.pop("pending", (0, 0))
+        for trie in self._output_tries(r):
+            _windows_into(trie, r["ctx"], self.depth, range(lo, hi))
 
     def extend(self, rid, tokens):
         r = self.requests[rid]
         start = len(r["ctx"])
         r["last_acc"] = len(tokens) - 1
-        super().extend(rid, tokens)
+        if self.lag:  # count the previous step's tokens now, this step's after the next draft
+            self._count_pending(r)
+            r["ctx"].extend(int(t) for t in tokens)
+            r["pending"] = (start, len(r["ctx"]))
+        else:
+            super().extend(rid, tokens)
         self._see(self.last, self.decayed, r["ctx"], start)
         if self.own:  # the request's trie counts its outputs too: they decay there as well
             self._see(r["last"], r["decayed"], r["ctx"], start)
