@@ -13,18 +13,12 @@ step, its draft + extend time per step and its history nodes at the end. A confi
 
 from __future__ import annotations
 
-import ast
 import sys
 
 from lookahead.bench.accept import oracle_tables, run_drafters, summarize
+from lookahead.bench.harness import parse_kwargs
 from lookahead.bench.peers.ours import LookaheadDrafter
 from lookahead.bench.traces import DEFAULT_OUT, read_traces
-
-
-def parse(spec: str) -> dict:
-    """`'a=1,b=(3,6)'` -> `{"a": 1, "b": (3, 6)}`."""
-    call = ast.parse(f"f({spec})", mode="eval").body
-    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +29,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     traces = read_traces(path)
-    drafters = [LookaheadDrafter(True, label=spec, **parse(spec)) for spec in argv]
+    drafters = [LookaheadDrafter(True, label=spec, **parse_kwargs(spec)) for spec in argv]
     rows = run_drafters(drafters, traces, oracle_tables(traces, 16), 16)
     for spec, drafter, r in zip(argv, drafters, rows):
         s = summarize(r)["overall"]

@@ -38,7 +38,6 @@ Prints tokens per step per category. About 10 s per variant on the full traces.
 
 from __future__ import annotations
 
-import ast
 import heapq
 import math
 import sys
@@ -49,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from lookahead.bench.accept import oracle_tables, run_drafter, summarize  # noqa: E402
+from lookahead.bench.harness import parse_kwargs  # noqa: E402
 from lookahead.bench.traces import read_traces  # noqa: E402
 from reference_trie import ReferenceCache, _windows_into  # noqa: E402
 
@@ -240,8 +240,7 @@ def main(argv):
     budget = int(argv[1])
     oracle = oracle_tables(traces, 32)
     for spec in argv[2:]:
-        call = ast.parse(f"f({spec})", mode="eval").body
-        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        kwargs = parse_kwargs(spec)
         t0 = time.time()
         rows = run_drafter(Adapter(Prototype(**kwargs), spec), traces, oracle, budget)
         summary = summarize(rows)

@@ -224,3 +224,12 @@ def test_drafters_take_turns_and_score_as_alone(tmp_path):
     for mb, got in ((True, rows[0]), (False, rows[1])):
         alone = accept.run_drafter(LookaheadDrafter(mb), traces, tables, 8)
         assert [r["accepted"] for r in got] == [r["accepted"] for r in alone]
+
+
+def test_parse_kwargs_reads_python_literals():
+    from lookahead.bench.harness import parse_kwargs
+
+    assert parse_kwargs("max_depth=8,history_skip=None") == {"max_depth": 8, "history_skip": None}
+    assert parse_kwargs('mode="ppm",skip=(3,6)') == {"mode": "ppm", "skip": (3, 6)}
+    with pytest.raises(ValueError):
+        parse_kwargs("x=open('f')")

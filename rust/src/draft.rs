@@ -141,6 +141,27 @@ fn offers(side: &Side, top: bool) -> bool {
         && (top || side.top.len() >= side.num_children().min(TOP_K / 2))
 }
 
+/// The largest `k` in `lo + 1..hi` for which `f(k)` is `Some`, with its value, by binary
+/// search: `f` holds (or `lo` is a floor) at `lo`, fails at `hi`, and is monotone between.
+fn longest_some<T>(
+    mut lo: usize,
+    mut hi: usize,
+    f: impl Fn(usize) -> Option<T>,
+) -> Option<(usize, T)> {
+    let mut best = None;
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        match f(mid) {
+            Some(v) => {
+                lo = mid;
+                best = Some((mid, v));
+            }
+            None => hi = mid,
+        }
+    }
+    best
+}
+
 /// Keeps the best `room` candidates of `out`, best first (score desc, token asc).
 fn keep_best(out: &mut Vec<Cand>, room: usize) {
     if out.len() <= 1 {
@@ -211,10 +232,26 @@ impl Sources<'_> {
         self.history_skip.is_none_or(|(lo, hi)| k < lo || k > hi)
     }
 
-    /// Whether a trie takes part in state `st` (the history: where it answers).
+    /// Trie `x` (0: the request's, 1: the history) if it takes part in state `st`: it has a
+    /// positive weight and a node there, and (the history) answers at that length.
+    #[inline]
+    fn part(&self, st: &State, x: usize) -> Option<&Trie> {
+        let (t, w) = self.tries()[x];
+        t.filter(|_| w > 0.0 && st[x] != NONE && (x == 0 || self.history_answers(st[2] as usize)))
+    }
+
+    /// Whether a trie takes part in state `st`.
     #[inline]
     fn takes_part(&self, st: &State) -> bool {
-        st[0] != NONE || (st[1] != NONE && self.history_answers(st[2] as usize))
+        self.part(st, 0).is_some() || self.part(st, 1).is_some()
+    }
+
+    /// The state of the longest suffix of `ctx` shorter than `st`'s that a trie takes part
+    /// in, reached from `st` by suffix links where possible.
+    fn shorter_taking_part(&self, ctx: &[u32], st: State) -> Option<State> {
+        (1..st[2] as usize)
+            .rev()
+            .find_map(|k| self.probe(ctx, k, Some(st)).filter(|s| self.takes_part(s)))
     }
 
     /// State of the `k`-token suffix of `ctx` if it has a continuation in a participating
@@ -302,42 +339,17 @@ impl Sources<'_> {
         if longest == 0 {
             return None;
         }
-        let found = match self.probe(ctx, longest, hint) {
-            Some(st) => Some(st),
-            None => {
-                // Invariant: suffix `lo` has a continuation (or lo == 0), suffix `hi` has none.
-                let (mut lo, mut hi, mut best) = (0, longest, None);
-                while hi - lo > 1 {
-                    let mid = (lo + hi) / 2;
-                    match self.probe(ctx, mid, hint) {
-                        Some(st) => {
-                            lo = mid;
-                            best = Some(st);
-                        }
-                        None => hi = mid,
-                    }
-                }
-                if lo == 0 {
-                    return None;
-                }
-                best.or_else(|| self.probe(ctx, lo, hint))
-            }
+        let probe = |k: usize| self.probe(ctx, k, hint);
+        let st = match probe(longest) {
+            Some(st) => st,
+            None => longest_some(0, longest, probe)?.1,
         };
         // Down from the longest match to the first state a trie takes part in.
-        let mut st = found?;
-        while !self.takes_part(&st) {
-            let mut k = st[2] as usize - 1;
-            st = loop {
-                if k == 0 {
-                    return None;
-                }
-                if let Some(next) = self.probe(ctx, k, Some(st)) {
-                    break next;
-                }
-                k -= 1;
-            };
+        if self.takes_part(&st) {
+            Some(st)
+        } else {
+            self.shorter_taking_part(ctx, st)
         }
-        Some(st)
     }
 
     /// For `match_hinted` with hint `h` whose history node is left out by `history_skip`:
@@ -355,18 +367,9 @@ impl Sources<'_> {
         if from > longest {
             return None;
         }
-        let mut best = (from, continues(from)?);
-        let (mut lo, mut up) = (from, longest + 1);
-        while up - lo > 1 {
-            let mid = (lo + up) / 2;
-            match continues(mid) {
-                Some(n) => {
-                    (lo, best) = (mid, (mid, n));
-                }
-                None => up = mid,
-            }
-        }
-        Some([NONE, best.1, best.0 as u32])
+        let first = continues(from)?;
+        let (k, n) = longest_some(from, longest + 1, continues).unwrap_or((from, first));
+        Some([NONE, n, k as u32])
     }
 
     /// Scored continuations of `st`, best first (score desc, token asc), into `out`; only
@@ -413,12 +416,7 @@ impl Sources<'_> {
         out: &mut Vec<Cand>,
     ) -> (f64, bool) {
         let tries = self.tries();
-        let answers = [true, self.history_answers(st[2] as usize)];
-        let live = |x: usize| {
-            tries[x]
-                .0
-                .filter(|_| tries[x].1 > 0.0 && st[x] != NONE && answers[x])
-        };
+        let live = |x: usize| self.part(&st, x);
         let mut ranked: [Option<&Side>; 2] = [None, None];
         let offer = if top { BACKOFF_TOP } else { TOP_K };
         let mut every_child = true;
@@ -490,7 +488,7 @@ impl Sources<'_> {
         keep_best(out, room);
         if let Some(h) = tries[1]
             .0
-            .filter(|_| tries[1].1 > 0.0 && st[1] != NONE && !answers[1])
+            .filter(|_| tries[1].1 > 0.0 && st[1] != NONE && !self.history_answers(st[2] as usize))
         {
             // A history left out here still follows the path: deeper, it may answer again.
             for c in out.iter_mut() {
@@ -641,10 +639,7 @@ impl Sources<'_> {
         let mut cur = st;
         let mut added = false;
         while left >= BACKOFF_MIN_MASS && cur[2] > 1 {
-            let Some(next) = (1..cur[2] as usize)
-                .rev()
-                .find_map(|k| self.probe(ctx, k, Some(cur)).filter(|s| self.takes_part(s)))
-            else {
+            let Some(next) = self.shorter_taking_part(ctx, cur) else {
                 break;
             };
             // Ask for more than `cap` when excluded tokens crowd the top of the list.
@@ -690,13 +685,11 @@ impl Sources<'_> {
 
     /// Whether a participating trie continues state `st` with `token` (count > 0).
     fn continues(&self, st: State, token: u32) -> bool {
-        let answers = [true, self.history_answers(st[2] as usize)];
-        self.tries().into_iter().enumerate().any(|(x, (t, w))| {
-            t.filter(|_| w > 0.0 && st[x] != NONE && answers[x])
-                .is_some_and(|t| {
-                    let n = t.find_child(st[x], token);
-                    n != NONE && t.node(n).count > 0
-                })
+        (0..2).any(|x| {
+            self.part(&st, x).is_some_and(|t| {
+                let n = t.find_child(st[x], token);
+                n != NONE && t.node(n).count > 0
+            })
         })
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import importlib.metadata
 import json
@@ -112,3 +113,10 @@ def write_json(path: str | os.PathLike, payload: dict) -> None:
 def command_line(prog: str, argv) -> str:
     """The command as a user would type it."""
     return " ".join([prog, *(sys.argv[1:] if argv is None else list(argv))])
+
+
+def parse_kwargs(spec: str) -> dict:
+    """Keyword arguments written as Python literals: `'a=1,b=(3,6)'` -> `{"a": 1, "b": (3, 6)}`
+    (the variants of the benchmarks/ scripts)."""
+    call = ast.parse(f"f({spec})", mode="eval").body
+    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
