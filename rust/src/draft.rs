@@ -236,8 +236,14 @@ impl Sources<'_> {
     /// positive weight and a node there, and (the history) answers at that length.
     #[inline]
     fn part(&self, st: &State, x: usize) -> Option<&Trie> {
-        let (t, w) = self.tries()[x];
-        t.filter(|_| w > 0.0 && st[x] != NONE && (x == 0 || self.history_answers(st[2] as usize)))
+        if x == 0 {
+            self.prompt
+                .filter(|_| self.prompt_weight > 0.0 && st[0] != NONE)
+        } else {
+            self.history.filter(|_| {
+                self.output_weight > 0.0 && st[1] != NONE && self.history_answers(st[2] as usize)
+            })
+        }
     }
 
     /// Whether a trie takes part in state `st`.
