@@ -114,6 +114,7 @@ def test_bad_arguments(cache):
         {"prompt_weight": -1.0},
         {"prompt_weight": 0.0, "output_weight": 0.0},
         {"output_weight": float("nan")},
+        {"prompt_weight": 1e308, "output_weight": 1e308},  # scores would overflow
         {"max_depth": 2.5},
         {"capacity_nodes": 2**70},
         {"index_threads": 257},
@@ -141,6 +142,12 @@ def test_bad_arguments(cache):
     for threads in (-1, 1.5, True):
         with pytest.raises(InvalidInput, match="threads"):
             cache.draft_batch([1], threads=threads)
+    with pytest.raises(InvalidInput, match="namespace names are at most"):
+        cache.start_request(4, [1], namespace="x" * (2**20 + 1))
+    with pytest.raises(InvalidInput, match="namespace names are at most"):
+        cache.add_history([[1, 2]], namespace="x" * (2**20 + 1))
+    with pytest.raises(InvalidInput, match="iters"):
+        cache._c._time_drafts([1], 4, True, 2**40)  # refused before allocating its results
 
 
 def test_bad_arguments_change_nothing(cache):
@@ -236,6 +243,15 @@ def test_torch_tensors_are_token_ids(cache):
     cache.extend(1, torch.tensor([5, 6]))
     assert cache.draft(1).tokens.tolist() == want.draft(1).tokens.tolist()
     cache.start_request(2, torch.tensor([1, 2, 3], dtype=torch.int32))
+
+    class SelfTensor:  # looks like a tensor, and its .numpy() is itself: no recursion
+        def detach(self):
+            return self
+
+        cpu = numpy = detach
+
+    with pytest.raises(InvalidInput, match="not a numpy array"):
+        cache.extend(1, SelfTensor())
     for bad, match in (
         (torch.tensor([True]), "integers"),
         (torch.tensor([1.0]), "integers"),
@@ -436,6 +452,12 @@ def test_save_load_round_trip(tmp_path):
         LookaheadCache.load(path, background_indexing=np.bool_(False)).config["background_indexing"]
         is False
     )
+    # index_threads belongs to the machine: not saved, given at load (default 0: automatic).
+    assert LookaheadCache.load(path).config["index_threads"] == 0
+    assert LookaheadCache.load(path, index_threads=2).config["index_threads"] == 2
+    for bad in (-1, 1.5, True, 257):
+        with pytest.raises(InvalidInput, match="index_threads"):
+            LookaheadCache.load(path, index_threads=bad)
 
 
 def test_package_exports():

@@ -74,9 +74,9 @@ class LookaheadCache:
         max_depth: longest n-gram (window) stored, in tokens (2..64).
         capacity_nodes: hard bound on stored trie nodes, all tries together (~37 bytes each,
             hash side tables of nodes with more than 8 children included).
-        prompt_weight: weight of the request's own counts in scoring (>= 0): its prompt's
+        prompt_weight: weight of the request's own counts in scoring (0 to 1e6): its prompt's
             n-grams and those of its outputs so far (the request's own trie).
-        output_weight: weight of the namespace's shared counts (>= 0): the outputs of all its
+        output_weight: weight of the namespace's shared counts (0 to 1e6): the outputs of all its
             requests (and merged prompts, `add_history` texts).
         keep_prompt_as_history: on finish, merge the prompt's n-grams into shared history.
         background_indexing: `start_request` returns at once and the prompt is indexed on a
@@ -272,17 +272,31 @@ class LookaheadCache:
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], background_indexing: bool | None = None
+        cls,
+        path: str | os.PathLike[str],
+        background_indexing: bool | None = None,
+        index_threads: int | None = None,
     ) -> LookaheadCache:
-        """A cache restored from `save`; `background_indexing` overrides the saved setting."""
+        """A cache restored from `save`; `background_indexing` overrides the saved setting.
+
+        `index_threads` is not saved (it belongs to the machine, not to the data): `None`
+        gives 0, as many threads as the cores allow (at most 4).
+        """
         if background_indexing is not None and not isinstance(
             background_indexing, (bool, np.bool_)
         ):
             raise InvalidInput(
                 f"background_indexing must be a bool or None, got {background_indexing!r}"
             )
+        if index_threads is not None and not (
+            _is_int(index_threads) and 0 <= index_threads < 2**63
+        ):
+            raise InvalidInput(
+                f"index_threads must be a non-negative int or None, got {index_threads!r}"
+            )
         bg = None if background_indexing is None else bool(background_indexing)
-        return cls(_core_cache=_core.Cache.load(os.fspath(path), bg))
+        threads = None if index_threads is None else int(index_threads)
+        return cls(_core_cache=_core.Cache.load(os.fspath(path), bg, threads))
 
     def check_invariants(self) -> None:
         """Raises `InvariantError` if any trie is broken or the capacity bound is exceeded."""

@@ -38,6 +38,11 @@ pub const MAX_DEPTH: usize = 64;
 pub const MAX_BUDGET: usize = 1 << 16;
 /// Most background indexing threads: more only compete for the cores and the capacity.
 pub const MAX_INDEX_THREADS: usize = 256;
+/// Largest `prompt_weight` / `output_weight`: scores stay finite (`weight * count` and the
+/// two weights' sum) for any count.
+pub const MAX_WEIGHT: f64 = 1e6;
+/// Longest namespace name, in bytes (what a save file can hold).
+pub const MAX_NAMESPACE_BYTES: usize = 1 << 20;
 /// The default `history_skip`: a 3-6 token match in the shared history is left out of the
 /// draft (simulator, B = 16: 2.772 -> 2.794 tokens per step, no category down; repeated
 /// requests still copy their whole earlier answer; BENCHMARKS.md §2.1).
@@ -98,8 +103,8 @@ impl Config {
             ("prompt_weight", self.prompt_weight),
             ("output_weight", self.output_weight),
         ] {
-            if !w.is_finite() || w < 0.0 {
-                return bad(format!("{name} must be a finite number >= 0, got {w}"));
+            if !(0.0..=MAX_WEIGHT).contains(&w) {
+                return bad(format!("{name} must be in [0, {MAX_WEIGHT:e}], got {w}"));
             }
         }
         if self.prompt_weight + self.output_weight <= 0.0 {
@@ -601,6 +606,7 @@ impl Cache {
                 "prompt must hold at least one token".into(),
             ));
         }
+        check_namespace(namespace)?;
         let keep = self.shared.cfg.max_depth - 1;
         let ns = self.shared.namespace(namespace);
         let req = Arc::new(Request {
@@ -855,6 +861,7 @@ impl Cache {
     /// Counts every window of every text into `namespace`'s history.
     pub fn add_history(&self, corpus: &[Vec<u32>], namespace: &str) -> Result<()> {
         let _busy = Busy::new(&self.shared);
+        check_namespace(namespace)?;
         let ns = self.shared.namespace(namespace);
         for text in corpus {
             self.shared.add_history(&ns, text);
@@ -989,14 +996,27 @@ impl Cache {
     }
 
     /// Installs a loaded history trie for `name` (its nodes must be reserved already).
+    /// Replaces `name`'s history by `trie` (whose nodes the caller reserved); the replaced
+    /// trie's nodes go back to the budget.
     pub(crate) fn install_history(&self, name: &str, trie: Trie) {
         let ns = self.shared.namespace(name);
-        *write(&ns.history) = trie;
+        let old = std::mem::replace(&mut *write(&ns.history), trie);
+        self.shared.budget.release(old.nodes() + old.allowance);
     }
 
     pub(crate) fn budget(&self) -> &Budget {
         &self.shared.budget
     }
+}
+
+fn check_namespace(name: &str) -> Result<()> {
+    if name.len() > MAX_NAMESPACE_BYTES {
+        return Err(Error::InvalidInput(format!(
+            "namespace names are at most {MAX_NAMESPACE_BYTES} bytes, got {}",
+            name.len()
+        )));
+    }
+    Ok(())
 }
 
 fn check_budget(budget: usize) -> Result<()> {

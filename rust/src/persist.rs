@@ -15,23 +15,51 @@
 //! parent always comes before its children. Each namespace is a consistent snapshot (taken
 //! under its read lock); namespaces are saved one after another.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::arena::NONE;
-use crate::cache::{Cache, Config};
+use crate::cache::{Cache, Config, MAX_INDEX_THREADS, MAX_NAMESPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::trie::{Trie, ROOT};
 
 const MAGIC: &[u8; 8] = b"LKAHTRIE";
 const END: &[u8; 4] = b"END!";
 pub const VERSION: u32 = 2;
+/// Nodes a file's count may reserve room for before they are read (a hostile count must not
+/// allocate before the file proves it holds them).
+const PREALLOC_NODES: u64 = 1 << 16;
 
+/// A temporary file beside `path`, unique to this save: concurrent saves (to one path, or to
+/// `h.bin` and `h.dat`) never write into each other's file.
+fn temp_beside(path: &Path) -> Result<PathBuf> {
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let mut name = path
+        .file_name()
+        .ok_or_else(|| Error::InvalidInput(format!("{} names no file", path.display())))?
+        .to_owned();
+    let n = SAVES.fetch_add(1, Ordering::Relaxed);
+    name.push(format!(".{}.{n}.tmp-lookahead", std::process::id()));
+    Ok(path.with_file_name(name))
+}
+
+/// Writes the configuration and every namespace's history to `path`, through a temporary
+/// file renamed over it once complete (a reader never sees a partial file).
 pub fn save(cache: &Cache, path: &Path) -> Result<()> {
-    let tmp = path.with_extension("tmp-lookahead");
+    let tmp = temp_beside(path)?;
+    let written = write_to(cache, &tmp).and_then(|()| Ok(std::fs::rename(&tmp, path)?));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+fn write_to(cache: &Cache, tmp: &Path) -> Result<()> {
     {
-        let mut w = BufWriter::new(File::create(&tmp)?);
+        let mut w = BufWriter::new(File::create(tmp)?);
         let c = cache.config();
         w.write_all(MAGIC)?;
         w.write_all(&VERSION.to_le_bytes())?;
@@ -70,7 +98,6 @@ pub fn save(cache: &Cache, path: &Path) -> Result<()> {
         w.write_all(END)?;
         w.flush()?;
     }
-    std::fs::rename(&tmp, path)?;
     Ok(())
 }
 
@@ -96,8 +123,18 @@ impl<R: Read> Reader<R> {
 }
 
 /// A new cache with the saved configuration and histories. `background_indexing`
-/// overrides the saved setting when given.
-pub fn load(path: &Path, background_indexing: Option<bool>) -> Result<Cache> {
+/// overrides the saved setting when given; `index_threads` is not saved (it belongs to the
+/// machine, not the data): `None` is 0, as many as the cores allow.
+pub fn load(
+    path: &Path,
+    background_indexing: Option<bool>,
+    index_threads: Option<usize>,
+) -> Result<Cache> {
+    if let Some(n) = index_threads.filter(|&n| n > MAX_INDEX_THREADS) {
+        return Err(Error::InvalidInput(format!(
+            "index_threads must be in 0..={MAX_INDEX_THREADS}, got {n}"
+        )));
+    }
     let mut r = Reader(BufReader::new(File::open(path)?));
     let fmt = |m: String| Error::Format(m);
     if &r.bytes::<8>()? != MAGIC {
@@ -132,15 +169,16 @@ pub fn load(path: &Path, background_indexing: Option<bool>) -> Result<Cache> {
         output_weight,
         keep_prompt_as_history: keep != 0,
         background_indexing: background_indexing.unwrap_or(bg != 0),
-        index_threads: 0,
+        index_threads: index_threads.unwrap_or(0),
         history_skip,
     };
     let cache =
         Cache::new(cfg).map_err(|e| fmt(format!("save file holds a bad configuration: {e}")))?;
     let n_ns = r.u32()?;
+    let mut names = HashSet::new();
     for _ in 0..n_ns {
         let len = r.u32()? as usize;
-        if len > 1 << 20 {
+        if len > MAX_NAMESPACE_BYTES {
             return Err(fmt(format!("namespace name of {len} bytes")));
         }
         let mut name = vec![0u8; len];
@@ -148,6 +186,9 @@ pub fn load(path: &Path, background_indexing: Option<bool>) -> Result<Cache> {
             .map_err(|e| fmt(format!("save file is truncated: {e}")))?;
         let name =
             String::from_utf8(name).map_err(|_| fmt("namespace name is not UTF-8".into()))?;
+        if !names.insert(name.clone()) {
+            return Err(fmt(format!("namespace {name:?} appears twice")));
+        }
         let n = r.u64()?;
         let got = cache.budget().reserve_up_to(n);
         if got < n {
@@ -158,17 +199,27 @@ pub fn load(path: &Path, background_indexing: Option<bool>) -> Result<Cache> {
         }
         let mut t = Trie::new();
         t.allowance = n;
-        let mut index = Vec::with_capacity(n as usize + 1);
+        // `index[i]`: the arena index of file node i; `depth[i]`: its n-gram's length.
+        let mut index = Vec::with_capacity(n.min(PREALLOC_NODES) as usize + 1);
+        let mut depth: Vec<u8> = Vec::with_capacity(index.capacity());
         index.push(ROOT);
+        depth.push(0);
         for _ in 0..n {
             let (parent, token, count) = (r.u32()? as usize, r.u32()?, r.u32()?);
-            let Some(&p) = index.get(parent) else {
+            let Some((&p, &d)) = index.get(parent).zip(depth.get(parent)) else {
                 cache.budget().release(t.nodes() + t.allowance);
                 return Err(fmt(format!(
                     "node {} names parent {parent}, not yet read",
                     index.len()
                 )));
             };
+            if usize::from(d) >= max_depth {
+                cache.budget().release(t.nodes() + t.allowance);
+                return Err(fmt(format!(
+                    "node {} is deeper than max_depth {max_depth}",
+                    index.len()
+                )));
+            }
             let before = t.nodes();
             let c = t.child_or_insert(p, token);
             if c == NONE || t.nodes() == before {
@@ -179,6 +230,7 @@ pub fn load(path: &Path, background_indexing: Option<bool>) -> Result<Cache> {
             }
             t.bump(c, count);
             index.push(c);
+            depth.push(d + 1);
         }
         t.compute_links();
         cache.install_history(&name, t);
@@ -212,7 +264,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("h.bin");
         save(&c, &path).unwrap();
-        let d = load(&path, None).unwrap();
+        let d = load(&path, None, None).unwrap();
         d.check_invariants().unwrap();
         assert_eq!(d.config(), c.config());
         assert_eq!(d.stats().nodes, c.stats().nodes);
@@ -228,7 +280,7 @@ mod tests {
             .unwrap();
         assert_eq!(d.draft(&rid, 1, true).unwrap().tokens.len(), 2);
         std::fs::write(&path, b"LKAHTRIE\x01\x00").unwrap();
-        assert_eq!(load(&path, None).err().unwrap().kind(), "Format");
+        assert_eq!(load(&path, None, None).err().unwrap().kind(), "Format");
         // Version 1 had no history_skip: it loads with none (what its drafts did).
         let mut v1 = Vec::new();
         v1.extend_from_slice(MAGIC);
@@ -241,13 +293,142 @@ mod tests {
         v1.extend_from_slice(&0u32.to_le_bytes());
         v1.extend_from_slice(END);
         std::fs::write(&path, &v1).unwrap();
-        let old = load(&path, None).unwrap();
+        let old = load(&path, None, None).unwrap();
         assert_eq!(
             (old.config().max_depth, old.config().history_skip),
             (6, None)
         );
         std::fs::write(&path, [&v1[..8], &9u32.to_le_bytes(), &v1[12..]].concat()).unwrap();
-        assert_eq!(load(&path, None).err().unwrap().kind(), "Format");
+        assert_eq!(load(&path, None, None).err().unwrap().kind(), "Format");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn header(capacity: u64, depth: u32) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(MAGIC);
+        v.extend_from_slice(&VERSION.to_le_bytes());
+        v.extend_from_slice(&depth.to_le_bytes());
+        v.extend_from_slice(&capacity.to_le_bytes());
+        v.extend_from_slice(&4f64.to_le_bytes());
+        v.extend_from_slice(&1f64.to_le_bytes());
+        v.extend_from_slice(&[0, 0]);
+        v.extend_from_slice(&3u32.to_le_bytes());
+        v.extend_from_slice(&6u32.to_le_bytes());
+        v
+    }
+
+    fn namespace(v: &mut Vec<u8>, name: &str, count: u64, nodes: &[(u32, u32, u32)]) {
+        v.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        v.extend_from_slice(name.as_bytes());
+        v.extend_from_slice(&count.to_le_bytes());
+        for &(p, t, c) in nodes {
+            for x in [p, t, c] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("lookahead-persist-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn load_bytes(name: &str, bytes: &[u8]) -> Result<Cache> {
+        let dir = scratch(name);
+        let path = dir.join("f.bin");
+        std::fs::write(&path, bytes).unwrap();
+        let r = load(&path, Some(false), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+        r
+    }
+
+    /// Hostile files fail with a format error: a huge node count in a tiny file (no
+    /// up-front allocation of it), a namespace named twice (its first trie's budget would
+    /// leak), a node deeper than max_depth.
+    #[test]
+    fn hostile_files_are_refused() {
+        let cap = u64::from(u32::MAX - 2);
+        let mut v = header(cap, 4);
+        v.extend_from_slice(&1u32.to_le_bytes());
+        namespace(&mut v, "default", cap, &[]);
+        assert_eq!(load_bytes("huge", &v).err().unwrap().kind(), "Format");
+
+        let mut v = header(1000, 4);
+        v.extend_from_slice(&2u32.to_le_bytes());
+        namespace(&mut v, "default", 3, &[(0, 1, 1), (0, 2, 1), (1, 2, 1)]);
+        namespace(&mut v, "default", 1, &[(0, 7, 1)]);
+        v.extend_from_slice(END);
+        let e = load_bytes("dup", &v).err().unwrap();
+        assert_eq!(e.kind(), "Format");
+        assert!(e.to_string().contains("appears twice"), "{e}");
+
+        let mut v = header(1000, 2);
+        v.extend_from_slice(&1u32.to_le_bytes());
+        namespace(&mut v, "default", 3, &[(0, 1, 1), (1, 2, 1), (2, 3, 1)]);
+        v.extend_from_slice(END);
+        let e = load_bytes("deep", &v).err().unwrap();
+        assert!(e.to_string().contains("deeper than max_depth"), "{e}");
+    }
+
+    /// A count saved at u32::MAX stays there when counted again, and its parent's side table
+    /// keeps summing its children's counts exactly.
+    #[test]
+    fn saturated_counts_keep_side_sums_exact() {
+        let mut nodes: Vec<(u32, u32, u32)> = (0..10).map(|t| (0, t, 1)).collect();
+        nodes[0].2 = u32::MAX;
+        let mut v = header(1000, 4);
+        v.extend_from_slice(&1u32.to_le_bytes());
+        namespace(&mut v, "default", nodes.len() as u64, &nodes);
+        v.extend_from_slice(END);
+        let c = load_bytes("saturated", &v).unwrap();
+        c.check_invariants().unwrap();
+        let rid = RequestId::Int(1);
+        c.start_request(rid.clone(), vec![5], "default").unwrap();
+        c.extend(&rid, &[0, 0]).unwrap();
+        c.check_invariants().unwrap();
+    }
+
+    /// Saves running at once, to one path or to two sharing a stem, each write a whole
+    /// file of their own cache (each save has its own temporary file).
+    #[test]
+    fn concurrent_saves_do_not_mix() {
+        let cache = |tok: u32, n: u32| {
+            let cfg = Config {
+                max_depth: 4,
+                capacity_nodes: 1 << 20,
+                background_indexing: false,
+                ..Config::default()
+            };
+            let c = Cache::new(cfg).unwrap();
+            let text = (0..n)
+                .map(|i| tok + i.wrapping_mul(2_654_435_761) % 50_000)
+                .collect();
+            c.add_history(&[text], "default").unwrap();
+            std::sync::Arc::new(c)
+        };
+        let (a, b) = (cache(0, 40_000), cache(1_000_000, 30_000));
+        let dir = scratch("concurrent");
+        let (pa, pb) = (dir.join("h.bin"), dir.join("h.dat"));
+        for _ in 0..4 {
+            let jobs = [(&a, &pa), (&b, &pb), (&a, &pa)].map(|(c, p)| {
+                let (c, p) = (std::sync::Arc::clone(c), p.clone());
+                std::thread::spawn(move || save(&c, &p))
+            });
+            for j in jobs {
+                j.join().unwrap().unwrap();
+            }
+            for (c, p) in [(&a, &pa), (&b, &pb)] {
+                let want = c.stats().history_nodes;
+                assert_eq!(
+                    load(p, Some(false), None).unwrap().stats().history_nodes,
+                    want
+                );
+            }
+        }
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 2, "temporary files left behind");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -263,14 +263,18 @@ impl Trie {
     #[inline]
     pub fn bump(&mut self, n: u32, by: u32) {
         let node = self.arena.get_mut(n);
-        node.count = node.count.saturating_add(by);
+        let old = node.count;
+        node.count = old.saturating_add(by);
+        // What the count really grew by (less than `by` once it saturates): the side
+        // table's sum must stay the sum of the children's counts.
+        let added = node.count - old;
         let p = node.parent;
         if p == NONE {
             return;
         }
         let s = self.arena.get(p).side;
         if s != NONE {
-            self.rerank(s, n, u64::from(by));
+            self.rerank(s, n, u64::from(added));
         }
     }
 

@@ -139,7 +139,17 @@ pub fn token_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
             .call_method0("detach")?
             .call_method0("cpu")?
             .call_method0("numpy")?;
-        return token_ids(&arr, what);
+        // Only an array goes on: an object whose `.numpy()` is itself must not recurse.
+        return match arr.cast::<PyUntypedArray>() {
+            Ok(arr) => array_ids(arr, what),
+            Err(_) => Err(invalid(
+                py,
+                format!(
+                    "{what}: .detach().cpu().numpy() gave a {}, not a numpy array",
+                    type_name(&arr)
+                ),
+            )),
+        };
     }
     match obj.cast::<PySequence>() {
         Ok(seq) if obj.hasattr("__len__")? => {

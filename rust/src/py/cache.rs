@@ -13,6 +13,9 @@ use super::draft::{to_py, PyDraft};
 use super::errors::to_pyerr;
 use crate::cache::{panic_message, Cache, Config, DEFAULT_HISTORY_SKIP, MAX_BUDGET};
 use crate::error::{Error, Result};
+
+/// Most drafts one `_time_drafts` call may time (its two result arrays are allocated first).
+const MAX_TIMED_DRAFTS: usize = 100_000_000;
 use crate::trie::Trie;
 
 /// Runs `f` without the GIL; a panic becomes `Error::Internal`.
@@ -274,13 +277,17 @@ impl PyCache {
     }
 
     #[staticmethod]
-    #[pyo3(signature = (path, background_indexing=None))]
+    #[pyo3(signature = (path, background_indexing=None, index_threads=None))]
     fn load(
         py: Python<'_>,
         path: std::path::PathBuf,
         background_indexing: Option<bool>,
+        index_threads: Option<usize>,
     ) -> PyResult<Self> {
-        run(py, || crate::persist::load(&path, background_indexing)).map(|inner| PyCache { inner })
+        run(py, || {
+            crate::persist::load(&path, background_indexing, index_threads)
+        })
+        .map(|inner| PyCache { inner })
     }
 
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
@@ -302,6 +309,12 @@ impl PyCache {
         let ids = rids.iter().map(args::rid).collect::<PyResult<Vec<_>>>()?;
         if ids.is_empty() {
             return Err(to_pyerr(py, Error::InvalidInput("rids is empty".into())));
+        }
+        if iters > MAX_TIMED_DRAFTS {
+            return Err(to_pyerr(
+                py,
+                Error::InvalidInput(format!("iters must be <= {MAX_TIMED_DRAFTS}, got {iters}")),
+            ));
         }
         let (wall, cpu, nodes) = run(py, || {
             let mut wall = Vec::with_capacity(iters);
