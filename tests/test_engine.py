@@ -138,6 +138,46 @@ def test_default_eos_comes_from_the_generation_config():
     model.generation_config.eos_token_id = EOS_ID
 
 
+def test_no_eos_when_the_generation_config_has_none():
+    # As HF: no fallback to the tokenizer's EOS.
+    tok = tiny_tokenizer(VOCAB)
+    model = tiny_model("llama", seed=9)
+    ids = tok("abcabcabca")["input_ids"]
+    ref = hf_generate(model, ids, 20, eos_token_id=None)
+    tok.eos_token_id = ref[3]
+    model.generation_config.eos_token_id = None
+    try:
+        res = LookaheadGenerator(model, tok).generate(ids, max_new_tokens=20)
+    finally:
+        model.generation_config.eos_token_id = EOS_ID
+    assert res.ids == ref and res.finish_reason == "length"
+
+
+def test_generation_config_settings_apply_as_in_hf():
+    model = tiny_model("llama", seed=3)
+    ids = [20, 21, 22, 20, 21, 22, 20]
+    model.generation_config.repetition_penalty = 1.4
+    try:
+        want = hf_generate(model, ids, 20)  # HF reads the penalty from the config
+        kw = dict(max_new_tokens=20, eos_token_id=None)
+        res = LookaheadGenerator(model, budget=8).generate(ids, **kw)
+        plain = LookaheadGenerator(model).generate(ids, repetition_penalty=1.0, **kw)
+    finally:
+        model.generation_config.repetition_penalty = 1.0
+    assert res.ids == want != plain.ids
+
+
+def test_draft_tokens_outside_the_vocabulary_are_dropped():
+    # A history shared with a bigger vocabulary: its ids must never reach the embedding.
+    model = tiny_model("llama", seed=0)
+    cache = LookaheadCache(max_depth=8)
+    cache.add_history([[5, 6, 7, 8, 500, 501, 502, 503]] * 4)
+    res = LookaheadGenerator(model, cache=cache, min_draft_score=0).generate(
+        [5, 6, 7, 8], max_new_tokens=8, eos_token_id=None
+    )
+    assert res.ids == hf_generate(model, [5, 6, 7, 8], 8)
+
+
 def test_max_new_tokens_reached_mid_draft():
     model = tiny_model("qwen2", seed=8)
     ids = [30, 31, 32, 33, 30, 31, 32]
@@ -176,6 +216,48 @@ def test_stop_strings_and_streaming():
     assert sum((c[0] for c in chunks), []) == res.ids
     assert "".join(c[1] for c in chunks) == res.text
     assert len(chunks) == res.stats.steps < len(res.ids)
+
+
+def test_a_stop_string_before_eos_in_one_step_ends_the_output_first():
+    tok = tiny_tokenizer(VOCAB)
+    model = tiny_model("llama", seed=9)
+    ids = tok("abcabcabca")["input_ids"]
+    ref = hf_generate(model, ids, 30)
+    p = _first_new_position(ref, 1)
+    q = _first_new_position(ref, p + 1)
+    stop, eos = tok.decode([ref[p]]), ref[q]
+    cache = ScriptedCache(ids + ref, VOCAB, chain=8)  # one step accepts both
+    res = LookaheadGenerator(model, tok, cache=cache, budget=16, min_draft_score=0).generate(
+        ids, max_new_tokens=30, eos_token_id=eos, stop_strings=[stop]
+    )
+    assert res.ids == ref[: p + 1] and res.finish_reason == "stop_string"
+    assert res.stats.steps == 1
+
+
+def test_stop_strings_across_the_prompt_as_in_hf():
+    # HF's StopStringCriteria reads the prompt too: a stop string may begin there; one that
+    # lies in the prompt alone does not stop anything.
+    tok = tiny_tokenizer(VOCAB)
+    model = tiny_model("llama", seed=9)
+    ids = tok("abcabcabca")["input_ids"]
+    ref = hf_generate(model, ids, 12)
+    gen = LookaheadGenerator(model, tok)
+    across, inside = tok.decode(ids[-1:] + ref[:1]), tok.decode(ids[-3:-1])
+    for stop in (across, inside):
+        with torch.inference_mode():
+            want = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=12,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                stop_strings=[stop],
+                tokenizer=tok,
+            )[0, len(ids) :].tolist()
+        res = gen.generate(ids, max_new_tokens=12, eos_token_id=None, stop_strings=[stop])
+        assert res.ids == want
+    assert gen.generate(ids, max_new_tokens=12, stop_strings=[across]).ids == ref[:1]
 
 
 def test_text_prompt_chat_free_and_result_type():
@@ -306,6 +388,26 @@ def test_bad_input_gives_clear_errors():
         gen.generate(torch.tensor([5, 6], dtype=torch.bfloat16), max_new_tokens=4)
     with pytest.raises(ValueError, match="min_draft_score must be a finite"):
         LookaheadGenerator(model, min_draft_score=float("inf"))
+    for kw, match in (
+        ({"max_new_tokens": True}, "max_new_tokens"),
+        ({"do_sample": "no"}, "do_sample must be a bool"),
+        ({"do_sample": True, "top_k": 2.5}, "top_k must be an int"),
+        ({"do_sample": True, "top_k": True}, "top_k must be an int"),
+        ({"do_sample": True, "temperature": "0.5"}, "temperature must be a number"),
+        ({"do_sample": True, "temperature": float("inf")}, "temperature must be a finite"),
+        ({"seed": 1.5}, "seed"),
+        ({"seed": 2**70}, "seed"),
+        ({"seed": -1}, "seed"),
+        ({"eos_token_id": -1}, "eos_token_id"),
+        ({"eos_token_id": "x"}, "eos_token_id"),
+        ({"stop_token_ids": [True]}, "stop_token_ids"),
+        ({"on_tokens": 5}, "on_tokens must be callable"),
+        ({"stop_strings": [1]}, "stop_strings must be"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            gen.generate([5, 6], **({"max_new_tokens": 4} | kw))
+    # HF's defaults for these are None.
+    assert len(gen.generate([5, 6], max_new_tokens=2, stop_strings=None).ids) == 2
     # Any iterable of ints is a prompt: the same output from each form.
     want = gen.generate([5, 6, 5, 6], max_new_tokens=3, eos_token_id=None).ids
     for form in (

@@ -152,3 +152,23 @@ def test_sampling_is_reproducible_with_a_seed(model):
     a = LookaheadGenerator(model).generate(PROMPT, max_new_tokens=8, do_sample=True, seed=5)
     b = LookaheadGenerator(model).generate(PROMPT, max_new_tokens=8, do_sample=True, seed=5)
     assert a.ids == b.ids
+
+
+def test_a_seed_gives_one_output_whatever_the_drafts(model):
+    # Output position i takes the i-th uniform of the seeded stream: the same output from a
+    # generator whose shared history grows between calls (so its trees differ), and from
+    # plain decoding (budget 0).
+    gen = LookaheadGenerator(model, min_draft_score=0)
+    kw = dict(max_new_tokens=30, do_sample=True, temperature=0.7, seed=123, eos_token_id=None)
+    runs = [gen.generate(PROMPT, **kw) for _ in range(3)]
+    plain = LookaheadGenerator(model, budget=0).generate(PROMPT, **kw)
+    assert sum(runs[-1].stats.accepted) > sum(runs[0].stats.accepted)  # the trees did differ
+    assert all(r.ids == plain.ids for r in runs)
+
+
+def test_sampling_leaves_the_global_generator_alone(model):
+    torch.manual_seed(0)
+    want = torch.rand(1).item()
+    torch.manual_seed(0)
+    LookaheadGenerator(model).generate(PROMPT, max_new_tokens=4, do_sample=True)  # no seed
+    assert torch.rand(1).item() == want

@@ -41,6 +41,8 @@ DEFAULT_BUDGET = {"cpu": 8, "cuda": 16}
 # On a GPU the default budget is already 16: no growth by default.
 DEFAULT_MAX_BUDGET = {"cpu": 16}
 DEEP_ACCEPT = 4
+# Uniforms drawn at a time for sampling (a fixed size: the stream depends on the seed only).
+UNIFORM_CHUNK = 256
 DEFAULT_DEPTH = 12
 # A draft is verified only if its expected accepted length (the sum of its nodes' path scores,
 # which track the measured mean accepted length closely: 0.47 accepted at sums 0.3-0.6, 1.11 at
@@ -113,27 +115,34 @@ class GenerationResult:
 class _TextTracker:
     """Incremental decoding of the generated ids: text deltas and stop-string search."""
 
-    def __init__(self, tokenizer, stop_strings: Sequence[str]):
+    def __init__(self, tokenizer, stop_strings: Sequence[str], prompt_ids: Sequence[int] = ()):
         self.tok = tokenizer
         self.stop = [s for s in stop_strings if s]
         self.max_stop = max((len(s) for s in self.stop), default=0)
         self.emitted_text = ""
+        # A stop string may begin in the prompt (HF's StopStringCriteria reads the whole
+        # sequence): the prompt's last tokens (each decodes to >= 1 character, or nothing)
+        # lead the text searched.
+        self.lead = list(prompt_ids[-self.max_stop - 8 :]) if self.stop else []
 
     def decode(self, ids: list) -> str:
         return self.tok.decode(ids, skip_special_tokens=False) if ids else ""
 
+    def _ends_a_stop(self, text: str, prev: int) -> bool:
+        """Whether a stop string occurs in `text` ending after its first `prev` characters."""
+        return any(text.find(s, max(0, prev - len(s) + 1)) != -1 for s in self.stop)
+
     def stop_cut(self, ids: list, start: int) -> int | None:
-        """Smallest k > start such that ids[:k] decodes to a text with a stop string, or None."""
+        """Smallest k > start such that a stop string ends within the text ids[start:k] add
+        (after the prompt and ids[:start]), or None."""
         if not self.stop:
             return None
-        text = self.decode(ids)
-        prev = len(self.decode(ids[:start]))
-        lo = max(0, prev - self.max_stop + 1)
-        if not any(s in text[lo:] for s in self.stop):
+        lead = self.lead
+        prev = len(self.decode(lead + ids[:start]))
+        if not self._ends_a_stop(self.decode(lead + ids), prev):
             return None
         for k in range(start + 1, len(ids) + 1):
-            t = self.decode(ids[:k])
-            if any(s in t[lo:] for s in self.stop):
+            if self._ends_a_stop(self.decode(lead + ids[:k]), prev):
                 return k
         return len(ids)
 
@@ -171,12 +180,34 @@ def _check_bool(name: str, v) -> bool:
     return bool(v)
 
 
-def _as_id_set(x) -> set:
+def _in_vocab(tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray, vocab: int):
+    """The draft without its nodes whose ids the model does not have (a history shared with
+    another vocabulary), nor their descendants; parents renumbered."""
+    ids = tokens.view(np.uint32)
+    keep, new_index = [0], {0: 0}
+    for i in range(1, len(tokens)):
+        if ids[i] < vocab and int(parents[i]) in new_index:
+            new_index[i] = len(keep)
+            keep.append(i)
+    new_parents = np.array([-1] + [new_index[int(parents[i])] for i in keep[1:]], np.int32)
+    return tokens[keep], new_parents, scores[keep]
+
+
+def _as_id_set(x, name: str = "eos_token_id") -> set:
+    """`x` (None, an id or ids) as a set of non-negative int ids."""
     if x is None:
         return set()
-    if isinstance(x, (int, np.integer)):
-        return {int(x)}
-    return {int(t) for t in x}
+    bad = ValueError(f"{name} must be None, an int or ints (>= 0), got {x!r}")
+    try:
+        items = [x] if _is_int(x) else list(x)
+        if any(isinstance(t, (bool, np.bool_)) for t in items):
+            raise TypeError
+        ids = {operator.index(t) for t in items}
+    except TypeError:
+        raise bad from None
+    if any(t < 0 for t in ids):
+        raise bad
+    return ids
 
 
 class LookaheadGenerator:
@@ -313,10 +344,29 @@ class LookaheadGenerator:
         if eos_token_id is not _UNSET:
             return _as_id_set(eos_token_id)
         gc = getattr(self.model, "generation_config", None)
-        eos = getattr(gc, "eos_token_id", None) if gc is not None else None
-        if eos is None and self.tokenizer is not None:
-            eos = getattr(self.tokenizer, "eos_token_id", None)
-        return _as_id_set(eos)
+        return _as_id_set(getattr(gc, "eos_token_id", None) if gc is not None else None)
+
+    def _sampling(self, do_sample, temperature, top_k, top_p, repetition_penalty):
+        """The `SamplingConfig` of a call: arguments given, else the model's generation
+        config (as HF `generate`), else the defaults."""
+        gc = getattr(self.model, "generation_config", None)
+
+        def pick(value, name, default):
+            if value is None and gc is not None:
+                value = getattr(gc, name, None)
+            return default if value is None else value
+
+        do_sample = _check_bool("do_sample", pick(do_sample, "do_sample", False))
+        if not do_sample:  # HF ignores the config's warpers when greedy (given ones are checked)
+            temperature = 1.0 if temperature is None else temperature
+            top_k = 0 if top_k is None else top_k
+            top_p = 1.0 if top_p is None else top_p
+        else:
+            temperature = pick(temperature, "temperature", 1.0)
+            top_k = pick(top_k, "top_k", 0)
+            top_p = pick(top_p, "top_p", 1.0)
+        penalty = pick(repetition_penalty, "repetition_penalty", 1.0)
+        return SamplingConfig(do_sample, temperature, top_k, top_p, penalty)
 
     # -- generation -----------------------------------------------------------------------
     def generate(
@@ -324,11 +374,11 @@ class LookaheadGenerator:
         prompt,
         *,
         max_new_tokens: int = 256,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        repetition_penalty: float = 1.0,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
         seed: int | None = None,
         eos_token_id=_UNSET,
         stop_token_ids: Iterable[int] = (),
@@ -340,31 +390,46 @@ class LookaheadGenerator:
     ) -> GenerationResult:
         """Generate from one prompt (text or token ids); see the module docstring.
 
-        `eos_token_id` defaults to the model's generation config (None: no EOS stop). EOS and
-        stop token ids end the output after that token; a stop string ends it after the token
-        that completes it (as HF `stop_strings`). `on_tokens(new_ids, text_delta)` is called
-        after every step (`text_delta` is "" without a tokenizer). Sampling draws from a
-        `torch.Generator` seeded with `seed`.
+        As HF `generate`: `do_sample`, `temperature`, `top_k`, `top_p`, `repetition_penalty`
+        and `eos_token_id` left unset come from the model's generation config (and then
+        default to greedy, 1.0, 0 (off), 1.0, 1.0 and no EOS stop; the sampling ones are read
+        only when sampling). EOS and stop token ids end the output after that token; a stop
+        string ends it after the token that completes it, even one that began in the prompt
+        (as HF `stop_strings`). `on_tokens(new_ids, text_delta)` is called after every step
+        (`text_delta` is "" without a tokenizer). Sampling draws output position i with the
+        i-th uniform of a `torch.Generator` seeded with `seed` (an int in [0, 2**64); None: a
+        fresh seed, leaving torch's global generator alone), so a seed gives the same output
+        whatever the drafts, as plain sampling with that generator would.
         """
-        if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        if not _is_int(max_new_tokens) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if stop_strings and self.tokenizer is None:
-            raise ValueError("stop_strings need a tokenizer")
+        if stop_strings is None:
+            stop_strings = ()
         if isinstance(stop_strings, str):
             stop_strings = [stop_strings]
+        if not all(isinstance(x, str) for x in stop_strings):
+            raise ValueError(f"stop_strings must be a str or strs, got {stop_strings!r}")
+        if stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer")
+        if seed is not None and not (_is_int(seed) and 0 <= seed < 2**64):
+            raise ValueError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
+        if on_tokens is not None and not callable(on_tokens):
+            raise ValueError(f"on_tokens must be callable or None, got {on_tokens!r}")
         # A budget given here is a fixed width for this call.
         if budget is None:
             budget, max_budget = self.budget, self.max_budget
         else:
             budget = max_budget = _check_budget("budget", budget)
-        cfg = SamplingConfig(do_sample, temperature, top_k, top_p, repetition_penalty)
+        cfg = self._sampling(do_sample, temperature, top_k, top_p, repetition_penalty)
         ids = self.encode(prompt, chat=chat)
         stops = self._eos_ids(eos_token_id)
-        stop_ids = _as_id_set(stop_token_ids)
+        stop_ids = _as_id_set(stop_token_ids, "stop_token_ids")
         mb = (
             self.multi_branch if multi_branch is None else _check_bool("multi_branch", multi_branch)
         )
-        text = _TextTracker(self.tokenizer, stop_strings) if self.tokenizer is not None else None
+        text = (
+            _TextTracker(self.tokenizer, stop_strings, ids) if self.tokenizer is not None else None
+        )
 
         rid = f"LookaheadGenerator-{next(_REQUEST_IDS)}"
         stats = GenerationStats(prompt_tokens=len(ids))
@@ -397,6 +462,7 @@ class LookaheadGenerator:
         self, rid, ids, max_new, cfg, seed, eos, stop_ids, text, on_tokens, budgets, mb, stats
     ):
         model, dev = self.model, self._device
+        vocab = model.get_input_embeddings().weight.shape[0]
         perf = time.perf_counter
         t0 = perf()
         kv = new_cache(model)
@@ -416,7 +482,13 @@ class LookaheadGenerator:
         gen = None
         if cfg.do_sample:
             gen = torch.Generator(device="cpu")
-            gen.manual_seed(seed if seed is not None else torch.seed())
+            if seed is None:
+                gen.seed()  # a fresh seed for this generator only, not torch's global one
+            else:
+                gen.manual_seed(seed)
+        # Uniform i serves output position i (the walk visits one node per depth): fixed-size
+        # draws make the stream a function of the seed alone, so the output is too.
+        ustream = torch.empty(0)
         # The 4-D mask lives in a buffer grown geometrically: prefix columns stay True and only
         # the tree block is written each step.
         mask_buf = torch.ones((1, 1, budget + 1, 0), dtype=torch.bool, device=dev)
@@ -430,8 +502,10 @@ class LookaheadGenerator:
             b = budget if deep else base_budget
             if b > 0:
                 d = self.cache.draft(rid, budget=b, multi_branch=mb)
-                d_parents, d_tokens = d.parents, d.tokens
-                if len(d_tokens) > 1 and float(d.scores[1:].sum()) < self.min_draft_score:
+                d_parents, d_tokens, d_scores = d.parents, d.tokens, d.scores
+                if len(d_tokens) > 1 and int(d_tokens.view(np.uint32)[1:].max()) >= vocab:
+                    d_tokens, d_parents, d_scores = _in_vocab(d_tokens, d_parents, d_scores, vocab)
+                if len(d_tokens) > 1 and float(d_scores[1:].sum()) < self.min_draft_score:
                     # Too unlikely to pay for the extra rows: verify the root alone.
                     d_parents, d_tokens = d_parents[:1], d_tokens[:1]
                     stats.skipped_drafts += 1
@@ -472,7 +546,9 @@ class LookaheadGenerator:
                 scores = logits
             if cfg.do_sample:
                 probs = scores.softmax(dim=-1).cpu()
-                uniforms = torch.rand((1, n), generator=gen, dtype=torch.float32)
+                while ustream.numel() < len(out) + n:
+                    ustream = torch.cat([ustream, torch.rand(UNIFORM_CHUNK, generator=gen)])
+                uniforms = ustream[len(out) + meta.positions[0, :n].cpu() - seq_len][None]
                 res = kernels.verify_sampling(tokens, parents, num_nodes, probs[None], uniforms)
             else:
                 target = scores.argmax(dim=-1).cpu()
@@ -500,8 +576,9 @@ class LookaheadGenerator:
                 if tok in eos or tok in stop_ids:
                     cut, reason = k + 1, ("eos" if tok in eos else "stop_token")
                     break
-            if cut is None and text is not None:
-                k = text.stop_cut(out, start)
+            if text is not None:
+                # A stop string completed before that token ends the output first.
+                k = text.stop_cut(out if cut is None else out[: cut - 1], start)
                 if k is not None:
                     cut, reason = k, "stop_string"
             if cut is None and len(out) >= max_new:

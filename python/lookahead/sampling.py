@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -23,14 +24,26 @@ class SamplingConfig:
     repetition_penalty: float = 1.0  # 1.0: off
 
     def __post_init__(self):
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not isinstance(self.do_sample, (bool, np.bool_)):
+            raise ValueError(f"do_sample must be a bool, got {self.do_sample!r}")
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+                raise ValueError(f"{name} must be a number, got {v!r}")
+        if isinstance(self.top_k, (bool, np.bool_)) or not isinstance(
+            self.top_k, (int, np.integer)
+        ):
+            raise ValueError(f"top_k must be an int, got {self.top_k!r}")
+        if not 0 < self.temperature < float("inf"):
+            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 < self.repetition_penalty < float("inf"):
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}"
+            )
 
     @property
     def needs_processing(self) -> bool:
