@@ -16,7 +16,9 @@ of our multi-branch draft at budget B:
   scored `q**depth`; the best B nodes of the union are drafted (scores are monotone along
   every path, so the kept nodes form a tree). Replayed through the simulator. `merge q r`:
   the chain's first node scores the larger of `q` and our tree's score for it, each further
-  node `r` times its parent.
+  node `r` times its parent. `adaptive prior`: the chain's first-node score and per-node
+  factor learnt online from how far the chain was right at this request's earlier steps
+  (known from the verified tokens), shrunk towards all requests' rates (session 9).
 
     python benchmarks/copy_chain.py [TRACES] [BUDGET]
 """
@@ -124,24 +126,33 @@ class Merged:
     def __init__(self, q: float, r: float | None = None):
         self.c = LookaheadCache(background_indexing=False)
         self.q, self.r, self.name = q, r, f"merge q={q} r={r}"
+        self.chain: list[int] = []  # the chain drafted at the last step
 
     def start_request(self, rid, prompt):
         self.c.start_request(rid, prompt)
+        self.chain = []
+
+    def chain_scores(self, tree_score: float) -> tuple[float, float]:
+        """The chain's first node's score (given our tree's score for it, 0 if absent) and
+        the factor per further node."""
+        if self.r is None:
+            return self.q, self.q
+        return max(self.q, tree_score), self.r
 
     def draft(self, rid, ctx, budget):
         d = self.c.draft(rid, budget, True)
         n = d.num_nodes
         toks, pars, sc = d.tokens[:n].tolist(), d.parents[:n].tolist(), d.scores[:n].tolist()
         at = copy_after(np.asarray(ctx))
-        chain = [] if at is None else ctx[at : at + budget].tolist()
+        chain = self.chain = [] if at is None else ctx[at : at + budget].tolist()
         kids = {(pars[i], toks[i]): i for i in range(1, n)}
         node, p = 0, 1.0
         for depth, t in enumerate(chain):
             nxt = kids.get((node, t))
-            if self.r is None or depth > 0:
-                p *= self.q if self.r is None else self.r
+            if depth == 0:
+                p, per = self.chain_scores(0.0 if nxt is None else sc[nxt])
             else:
-                p = max(self.q, 0.0 if nxt is None else sc[nxt])
+                p *= per
             if nxt is None:
                 toks.append(t)
                 pars.append(node)
@@ -164,6 +175,39 @@ class Merged:
         self.c.finish_request(rid)
 
 
+class Adaptive(Merged):
+    """`Merged` with the chain's scores learnt online: after each step, the verified tokens
+    tell how far the drafted chain was right (whether or not its nodes were kept), which
+    counts P(first copied token right) and P(next right | the ones before right), for this
+    request, shrunk towards all requests' with `prior` pseudo-steps."""
+
+    def __init__(self, prior: float = 4.0):
+        super().__init__(0.5)
+        self.prior, self.name = prior, f"adaptive prior={prior}"
+        # (right, tried) for the first copied token and for later ones, over all requests.
+        self.all = np.array([1.0, 2.0, 1.0, 2.0])
+
+    def start_request(self, rid, prompt):
+        super().start_request(rid, prompt)
+        self.mine = np.zeros(4)
+
+    def chain_scores(self, tree_score):
+        g, m, k = self.all, self.mine, self.prior
+        first = (m[0] + k * g[0] / g[1]) / (m[1] + k)
+        later = (m[2] + k * g[2] / g[3]) / (m[3] + k)
+        return first, later
+
+    def extend(self, rid, ctx, new):
+        for depth, (c, t) in enumerate(zip(self.chain, new)):
+            j = 0 if depth == 0 else 2
+            for stats in (self.mine, self.all):
+                stats[j : j + 2] += (c == t, 1)
+            if c != t:
+                break
+        self.chain = []
+        super().extend(rid, ctx, new)
+
+
 def main(argv: list[str]) -> int:
     path = argv[0] if argv else "data/traces/specbench_smollm2.jsonl.gz"
     budget = int(argv[1]) if len(argv) > 1 else 16
@@ -176,9 +220,10 @@ def main(argv: list[str]) -> int:
         vals = [acc[c][1 + j] / acc[c][0] for c in cats] + [total[1 + j] / total[0]]
         print(f"{name:18s} " + " ".join(f"{v:.3f}" for v in vals))
     oracle = oracle_tables(traces, 32)
-    for q, r in ((0.3, None), (0.5, None), (0.7, None), (0.1, 0.7)):
-        s = summarize(run_drafter(Merged(q, r), traces, oracle, budget))
-        label = f"merge q={q}" + (f" r={r}" if r else "")
+    drafters = [Merged(q, r) for q, r in ((0.3, None), (0.5, None), (0.7, None), (0.1, 0.7))]
+    for d in drafters + [Adaptive(4.0), Adaptive(16.0)]:
+        s = summarize(run_drafter(d, traces, oracle, budget))
+        label = d.name.replace(" r=None", "")
         print(f"{label:18s} " + " ".join(f"{s[c]['al']:.3f}" for c in cats + ["overall"]))
     return 0
 

@@ -23,6 +23,8 @@ arguments:
 - `lag`: each step's verified tokens are counted into the tries only after the next draft
   (a serving loop that inserts in the background while the model runs; the context itself
   is current);
+- `hfin`: a request's outputs reach the shared history only when it finishes (its own trie
+  still counts them every step): the history insert leaves the per-step path;
 - `skip`: `(lo, hi)`: the history does not answer for contexts of lo..hi tokens (the core's
   `history_skip`, default (3, 6) since session 8; None here, so earlier rows reproduce).
 
@@ -74,12 +76,13 @@ class Prototype(ReferenceCache):
         gm=0,
         skip=None,
         lag=False,
+        hfin=False,
     ):
         super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo, history_skip=skip)
         self.own = own
         self.mode, self.cut, self.lowcap = mode, cut, lowcap
         self.g0, self.ge, self.rec, self.tau, self.gd = g0, ge, rec, tau, gd
-        self.gd1, self.gm, self.lag = gd1, gm, lag
+        self.gd1, self.gm, self.lag, self.hfin = gd1, gm, lag, hfin
         self.clock = 0  # tokens seen so far (prompts at request start, then outputs)
         self.last: dict[tuple, int] = {}  # n-gram -> latest time seen (history)
         self.decayed: dict[tuple, tuple[float, int]] = {}  # n-gram -> (value, time)
@@ -102,10 +105,16 @@ class Prototype(ReferenceCache):
         self.clock += len(prompt)
 
     def finish_request(self, rid, keep_prompt=None):
-        self._count_pending(self.requests[rid])
+        r = self.requests[rid]
+        self._count_pending(r)
+        if self.hfin:
+            history, ctx = self.history[r["ns"]], r["ctx"]
+            _windows_into(history, ctx, self.depth, range(len(r["prompt"]), len(ctx)))
         super().finish_request(rid, keep_prompt)
 
     def _output_tries(self, r):
+        if self.hfin:
+            return (r["trie"],)
         return super()._output_tries(r) if self.own else (self.history[r["ns"]],)
 
     def _count_pending(self, r):
