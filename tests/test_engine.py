@@ -325,6 +325,25 @@ def test_greedy_with_repetition_penalty_equals_generate():
         assert res2.ids == ref
 
 
+def test_repetition_penalty_with_an_output_head_wider_than_the_vocabulary():
+    # Some checkpoints pad the output head past config.vocab_size: one penalty entry per logit.
+    model = tiny_model("qwen2", seed=12)
+    head = model.get_output_embeddings()
+    wide = torch.nn.Linear(head.in_features, VOCAB + 8)
+    with torch.no_grad():
+        wide.weight.zero_()
+        wide.weight[:VOCAB] = head.weight
+        wide.bias.zero_()
+        wide.bias[VOCAB:] = -1e4  # never the argmax: the padding rows stay unused
+    model.set_output_embeddings(wide)
+    ids = [20, 21, 22, 20, 21, 22, 20]
+    ref = hf_generate(model, ids, 16, repetition_penalty=1.4)
+    res = LookaheadGenerator(model).generate(
+        ids, max_new_tokens=16, eos_token_id=None, repetition_penalty=1.4
+    )
+    assert res.ids == ref
+
+
 class _NoCacheLM(torch.nn.Module):
     def __init__(self):
         super().__init__()

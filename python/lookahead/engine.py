@@ -477,7 +477,10 @@ class LookaheadGenerator:
 
         seen = None
         if cfg.repetition_penalty != 1.0:
-            seen = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=dev)
+            # One entry per logit: an output head padded past config.vocab_size has more.
+            head = model.get_output_embeddings()
+            rows = head.weight.shape[0] if head is not None else model.config.vocab_size
+            seen = torch.zeros(rows, dtype=torch.bool, device=dev)
             seen[torch.tensor(ids, device=dev)] = True
         gen = None
         if cfg.do_sample:
