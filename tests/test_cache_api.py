@@ -146,6 +146,9 @@ def test_bad_arguments(cache):
         cache.start_request(4, [1], namespace="x" * (2**20 + 1))
     with pytest.raises(InvalidInput, match="namespace names are at most"):
         cache.add_history([[1, 2]], namespace="x" * (2**20 + 1))
+    many = [1] * ((1 << 28) // (_core.MAX_BUDGET + 1) + 1)
+    with pytest.raises(InvalidInput, match="draft entries"):  # refused, not an abort on memory
+        cache.draft_batch(many, budget=_core.MAX_BUDGET)
     with pytest.raises(InvalidInput, match="iters"):
         cache._c._time_drafts([1], 4, True, 2**40)  # refused before allocating its results
 

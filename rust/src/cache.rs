@@ -310,6 +310,15 @@ struct Request {
     state: Mutex<ReqState>,
 }
 
+/// Budget nodes held by an operation in progress: given back if it unwinds before handing
+/// them to a trie (`std::mem::forget` once it has).
+struct Held<'a>(&'a Budget, u64);
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.release(self.1);
+    }
+}
+
 /// State shared with background jobs.
 struct Shared {
     cfg: Config,
@@ -508,7 +517,10 @@ impl Shared {
         let sw = SortedWindows::new(text, depth);
         let got = self.reserve(sw.nodes);
         if got == sw.nodes {
+            // Released if the build panics (the trie's own drop releases its nodes after).
+            let held = Held(&self.budget, got);
             p.trie = RwLock::new(Trie::from_sorted(text, depth, &sw));
+            std::mem::forget(held);
             return p;
         }
         drop(sw);

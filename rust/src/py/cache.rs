@@ -14,6 +14,9 @@ use super::errors::to_pyerr;
 use crate::cache::{panic_message, Cache, Config, DEFAULT_HISTORY_SKIP, MAX_BUDGET};
 use crate::error::{Error, Result};
 
+/// Most entries (requests x width) of one `draft_batch` result: its arrays are allocated up
+/// front, so an absurd batch is refused rather than aborting on memory.
+const MAX_BATCH_ENTRIES: usize = 1 << 28;
 /// Most drafts one `_time_drafts` call may time (its two result arrays are allocated first).
 const MAX_TIMED_DRAFTS: usize = 100_000_000;
 use crate::trie::Trie;
@@ -198,6 +201,14 @@ impl PyCache {
             return Err(to_pyerr(
                 py,
                 Error::InvalidInput(format!("pad_parent must be -1 or 0, got {pad_parent}")),
+            ));
+        }
+        if b.saturating_mul(w) > MAX_BATCH_ENTRIES {
+            return Err(to_pyerr(
+                py,
+                Error::InvalidInput(format!(
+                    "{b} requests x width {w} exceed {MAX_BATCH_ENTRIES} draft entries"
+                )),
             ));
         }
         let (tok, par, sc, num) = run(py, || {
