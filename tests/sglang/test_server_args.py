@@ -110,6 +110,8 @@ def test_budget_too_large_for_the_graph_width_fails(plugins_loaded, monkeypatch)
         resolve(argv + ["--speculative-num-draft-tokens", "12"], monkeypatch, '{"budget": 12}')
     with pytest.raises(LookaheadConfigError, match="must be an int >= 2"):
         resolve(argv + ["--speculative-num-draft-tokens", "1"], monkeypatch)
+    with pytest.raises(LookaheadConfigError, match=r"capacity must be an int in \[1, 4294967293\]"):
+        resolve(argv + ["--speculative-ngram-capacity", str(2**33)], monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +121,12 @@ def test_budget_too_large_for_the_graph_width_fails(plugins_loaded, monkeypatch)
         ("[1]", "must be a JSON object"),
         ('{"prompt_wieght": 1}', r"unknown keys \['prompt_wieght'\]"),
         ('{"namespace": "tenant"}', "namespace must be one of"),
-        ('{"output_weight": -1}', "output_weight must be a number >= 0"),
+        ('{"output_weight": -1}', r"output_weight must be a number in \[0.0, 1e\+06\]"),
+        ('{"prompt_weight": NaN}', "prompt_weight must be a number in"),
+        ('{"output_weight": Infinity}', "output_weight must be a number in"),
+        ('{"prompt_weight": 1e7}', "prompt_weight must be a number in"),
+        ('{"prompt_weight": 0, "output_weight": 0}', "cannot both be 0"),
+        ('{"draft_threads": 100000}', r"draft_threads must be an int in \[0, 256\]"),
         ('{"exact_sampling": 1}', "exact_sampling must be true or false"),
         ('{"index_threads": 1000}', r"index_threads must be an int in \[0, 256\]"),
         ('{"history_skip": [4, 3]}', r"history_skip must be null or \[lo, hi\]"),
@@ -140,3 +147,23 @@ def test_ngram_is_untouched(plugins_loaded, monkeypatch):
     _, get = resolve(["--speculative-algorithm", "NGRAM", "--device", "cpu"], monkeypatch)
     assert get("speculative_algorithm") == "NGRAM"
     assert get("speculative_num_draft_tokens") == 12
+
+
+def test_background_indexing_follows_the_model_ranks(plugins_loaded, monkeypatch):
+    from lookahead.sglang import LookaheadConfigError
+
+    def config(config_json=None):
+        _, get = resolve(
+            ["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"], monkeypatch, config_json
+        )
+        return serving_config(get)
+
+    auto = config()
+    assert auto.for_ranks(1).background_indexing is True
+    assert auto.for_ranks(2).background_indexing is False  # ranks must draft alike
+    on = config('{"background_indexing": true}')
+    assert on.for_ranks(1) is on
+    with pytest.raises(LookaheadConfigError, match="background_indexing true with 4 model ranks"):
+        on.for_ranks(4)
+    off = config('{"background_indexing": false}')
+    assert off.for_ranks(8) is off

@@ -42,11 +42,15 @@ def make_req(rid, prompt, outputs=(), extra_key=None):
     return req
 
 
-def make_batch(reqs, spec_info=None):
+def make_batch(reqs, spec_info=None, fresh=None):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     # seq_lens: tokens whose KV exists; the context's last token (the root) is not one.
-    lens = [len(r.origin_input_ids_unpadded) + len(r.output_ids) - 1 for r in reqs]
+    # Under the overlap scheduler the relay's `fresh[i]` last tokens (default: all of them)
+    # are in SGLang's context but not yet in `output_ids`.
+    if fresh is None:
+        fresh = [0] * len(reqs) if spec_info is None else spec_info.accept_lens.tolist()
+    lens = [len(r.origin_input_ids) + len(r.output_ids) + f - 1 for r, f in zip(reqs, fresh)]
     return SimpleNamespace(
         reqs=reqs,
         seq_lens=torch.tensor(lens, dtype=torch.int64),
@@ -260,6 +264,50 @@ def test_overlap_mode_splices_pending_tokens_once(plugins_loaded):
     assert worker.prev_accept_lens == [1]
 
 
+def test_overlap_relay_already_in_output_ids_is_not_counted_again(plugins_loaded):
+    """The relay row keeps a request's tokens until its next forward: after a step without
+    it (another request's prefill), `output_ids` holds them too. Only what SGLang's length
+    says is missing may be added; else the cache's context runs ahead and a later tree
+    starts from a stale root (not lossless)."""
+    width = 6
+    worker = make_worker(width=width, overlap=True, breadth=1)
+    prompt = list(range(1, 11))
+    req = make_req("a", prompt)
+    ctx = prompt + [100]
+
+    def relay(toks):
+        buf = torch.zeros(width, dtype=torch.int64)
+        buf[: len(toks)] = torch.tensor(toks)
+        return SimpleNamespace(accept_tokens=buf, accept_lens=torch.tensor([len(toks)]))
+
+    def decode(row, fresh, emitted):
+        tokens, _ = worker._prepare_draft_tokens(make_batch([req], relay(row), [fresh]))
+        assert tokens[0, 0] == ctx[-1]
+        assert worker.drafter._ctx_len["a"] == len(ctx)
+        ctx.extend(emitted)
+
+    decode([100], 1, [101, 102])  # the prefill's token is still in flight
+    req.output_ids.extend([100, 101, 102])  # another request's prefill step came between
+    decode([101, 102], 0, [103, 104])  # the relay row is stale: all of it is in output_ids
+    decode([103, 104], 2, [105])
+    req.output_ids.extend([103, 104])
+    decode([105], 1, [106])
+
+
+def test_a_tree_from_a_wrong_context_gets_the_right_root_and_restarts(plugins_loaded):
+    drafter = make_worker(width=6).drafter
+    req = make_req("r", [5, 6, 7, 8], [9])
+    roots = drafter.sync([req])
+    assert roots.tolist() == [9]
+    drafter.cache.extend("r", [42])  # the cache's context diverges from SGLang's
+    tokens, _ = drafter.draft(["r"], roots)
+    assert tokens[0, 0] == 9  # verify feeds the true last token: still exact
+    assert "r" not in drafter.live_requests  # restarted from its whole context next sync
+    drafter.sync([req])
+    assert drafter._ctx_len["r"] == 5
+    assert drafter.cache.draft("r", budget=1).tokens[0] == 9  # the cache has it right again
+
+
 def test_namespaces_isolate_tenants(plugins_loaded):
     worker = make_worker(width=6, breadth=1, namespace="extra_key")
     writer = make_req("w", [1, 2], [3], extra_key="t1")
@@ -324,7 +372,8 @@ def test_sync_reads_only_the_new_tokens(plugins_loaded):
     list.extend(req.output_ids, [4, 9, 1])
     drafter.sync([req])
     drafter.sync([req])  # nothing new: nothing read
-    assert req.output_ids.reads == [slice(0, None), slice(1, None)]
+    # Slices of the new tokens, and the last token (each tree's root is checked against it).
+    assert req.output_ids.reads == [-1, slice(0, None), -1, slice(1, None), -1]
     assert drafter._ctx_len["t"] == 7 + 4
     # The context ends "4 9 1": the prompt says 2 comes next.
     assert drafter.cache.draft("t", budget=1, multi_branch=False).tokens.tolist() == [1, 2]

@@ -14,6 +14,7 @@ supported one (at the user's risk: the worker subclasses SGLang internals).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -38,6 +39,10 @@ SKIP_VERSION_CHECK_ENV = "LOOKAHEAD_SGLANG_SKIP_VERSION_CHECK"
 # "extra_key" uses SGLang's per-request `extra_key` (which SGLang suffixes with the LoRA id),
 # so tenants and adapters never draft from each other's outputs; "request" shares nothing.
 NAMESPACE_MODES = ("shared", "extra_key", "request")
+# The core's bounds (`Config::validate` in rust/src/cache.rs), checked here so the launcher
+# refuses a bad config before any scheduler process starts.
+MAX_WEIGHT = 1e6
+MAX_CAPACITY_NODES = 2**32 - 3
 
 # LOOKAHEAD_CONFIG keys and their defaults.
 EXTRA_KEYS: dict[str, Any] = {
@@ -98,9 +103,12 @@ def _parse_extra(config_json: str | None) -> dict[str, Any]:
     return extra
 
 
-def _number(name: str, v: Any, lo: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
-        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be a number >= {lo}, got {v!r}")
+def _number(name: str, v: Any, lo: float, hi: float) -> float:
+    # `not lo <= v <= hi` also refuses NaN (json.loads reads NaN and Infinity).
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise LookaheadConfigError(
+            f"{CONFIG_ENV}: {name} must be a number in [{lo}, {hi:g}], got {v!r}"
+        )
     return float(v)
 
 
@@ -186,9 +194,14 @@ class ServingConfig:
                 f"--speculative-ngram-max-trie-depth must be in [2, 64] for LOOKAHEAD, got {depth!r}"
             )
         capacity = args.speculative_ngram_capacity
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        if (
+            isinstance(capacity, bool)
+            or not isinstance(capacity, int)
+            or not 1 <= capacity <= MAX_CAPACITY_NODES
+        ):
             raise LookaheadConfigError(
-                f"--speculative-ngram-capacity must be a positive int, got {capacity!r}"
+                f"--speculative-ngram-capacity must be an int in [1, {MAX_CAPACITY_NODES}], "
+                f"got {capacity!r}"
             )
         breadth = args.speculative_ngram_max_bfs_breadth
         if isinstance(breadth, bool) or not isinstance(breadth, int) or breadth < 1:
@@ -200,19 +213,25 @@ class ServingConfig:
             raise LookaheadConfigError(
                 f"{CONFIG_ENV}: namespace must be one of {list(NAMESPACE_MODES)}, got {namespace!r}"
             )
+        prompt_weight = _number("prompt_weight", extra["prompt_weight"], 0.0, MAX_WEIGHT)
+        output_weight = _number("output_weight", extra["output_weight"], 0.0, MAX_WEIGHT)
+        if prompt_weight == output_weight == 0:
+            raise LookaheadConfigError(
+                f"{CONFIG_ENV}: prompt_weight and output_weight cannot both be 0"
+            )
         return cls(
             width=width,
             budget=budget,
             max_depth=depth,
             capacity_nodes=capacity,
             multi_branch=breadth > 1,
-            prompt_weight=_number("prompt_weight", extra["prompt_weight"], 0.0),
-            output_weight=_number("output_weight", extra["output_weight"], 0.0),
+            prompt_weight=prompt_weight,
+            output_weight=output_weight,
             keep_prompt_as_history=_bool("keep_prompt_as_history", extra["keep_prompt_as_history"]),
             namespace=namespace,
             exact_sampling=_bool("exact_sampling", extra["exact_sampling"]),
             index_threads=_int("index_threads", extra["index_threads"], 0, 256),
-            draft_threads=_int("draft_threads", extra["draft_threads"], 0),
+            draft_threads=_int("draft_threads", extra["draft_threads"], 0, 256),
             background_indexing=(
                 None
                 if extra["background_indexing"] is None
@@ -220,6 +239,21 @@ class ServingConfig:
             ),
             history_skip=_skip(extra["history_skip"]),
         )
+
+    def for_ranks(self, ranks: int) -> ServingConfig:
+        """This config for `ranks` model ranks (TP x PP), each drafting for itself: they
+        must all draft alike, and background prompt builds may evict shared history at
+        different moments on different ranks, so background indexing is on only with one
+        rank when unset, and refused with several."""
+        if self.background_indexing is None:
+            return dataclasses.replace(self, background_indexing=ranks == 1)
+        if self.background_indexing and ranks > 1:
+            raise LookaheadConfigError(
+                f"{CONFIG_ENV}: background_indexing true with {ranks} model ranks (TP x PP): "
+                "ranks could draft different trees; leave it unset (off with several ranks) "
+                "or set false"
+            )
+        return self
 
     def as_dict(self) -> dict[str, Any]:
         """The config as a plain dict (for logs)."""

@@ -12,6 +12,7 @@ to the verify width N in NGRAM's convention; requests that left the batch are fi
 
 from __future__ import annotations
 
+import logging
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,8 @@ from lookahead.cache import LookaheadCache
 from lookahead.sglang.config import ServingConfig
 
 __all__ = ["LookaheadDrafter"]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE = "default"
 
@@ -75,8 +78,11 @@ class LookaheadDrafter:
         """Request ids the cache is tracking."""
         return frozenset(self._ctx_len)
 
-    def sync(self, reqs: Sequence[Any], pending: Sequence[Sequence[int]] | None = None) -> None:
-        """Brings the cache up to date with `reqs`' contexts before drafting.
+    def sync(
+        self, reqs: Sequence[Any], pending: Sequence[Sequence[int]] | None = None
+    ) -> np.ndarray:
+        """Brings the cache up to date with `reqs`' contexts before drafting; returns each
+        context's last token (the root its tree must have), int64 `[len(reqs)]`.
 
         `pending[i]`: request i's verified tokens not yet in `output_ids` (SGLang's overlap
         scheduler appends them one step late). A request seen for the first time is started
@@ -89,6 +95,7 @@ class LookaheadDrafter:
         lengths: list[int] = []
         flat = array("q")
         totals: dict[Any, int] = {}
+        roots = np.empty(len(reqs), dtype=np.int64)
         for i, req in enumerate(reqs):
             if req.rid in totals:
                 raise ValueError(f"request {req.rid!r} appears twice in one batch")
@@ -98,6 +105,7 @@ class LookaheadDrafter:
             extra = pending[i] if pending else ()
             n_prompt, n_out = len(prompt), len(outputs)
             total = n_prompt + n_out + len(extra)
+            roots[i] = extra[-1] if len(extra) else outputs[-1] if n_out else prompt[-1]
             seen = self._ctx_len.get(req.rid)
             if seen is not None and seen > total:
                 # The context shrank (a retracted request re-admitted): start it again.
@@ -122,11 +130,18 @@ class LookaheadDrafter:
         if rids:
             self.cache.extend_batch(rids, np.frombuffer(flat, dtype=np.int64), lengths)
         self._ctx_len.update(totals)
+        return roots
 
-    def draft(self, rids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    def draft(
+        self, rids: Sequence[Any], roots: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """One `draft_batch` call for the batch; trees padded to the verify width N.
 
         Returns `tokens`, `parents`: int32 `[len(rids), N]`, node 0 the context's last token.
+        With `roots` (what `sync` returned), a tree whose root is not its request's last
+        verified token is a context the cache got wrong: its root is set right (verification
+        then stays exact; only its drafts are off) and the request is restarted from its
+        whole context at the next `sync`.
         """
         c = self.config
         # Padded in the core the way NGRAM's corpus pads: every tree has exactly N nodes, the
@@ -141,7 +156,19 @@ class LookaheadDrafter:
             width=c.width,
             pad_parent=0,
         )
-        return bd.tokens, bd.parents
+        tokens = bd.tokens
+        if roots is not None:
+            wrong = np.flatnonzero(tokens[:, 0] != roots.astype(np.int32))
+            if wrong.size:
+                logger.warning(
+                    "lookahead: %d request(s) drafted from a context that differs from "
+                    "SGLang's (first: %r); their roots are corrected and they restart",
+                    wrong.size,
+                    rids[int(wrong[0])],
+                )
+                tokens[wrong, 0] = roots[wrong].astype(np.int32)
+                self.finish([rids[int(i)] for i in wrong])
+        return tokens, bd.parents
 
     def finish(self, rids: Sequence[Any]) -> None:
         """Ends the requests that left the decode batch (unknown ids are ignored)."""

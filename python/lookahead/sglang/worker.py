@@ -17,7 +17,6 @@ Per decode step (`_prepare_for_speculative_decoding`, on the host before the gra
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -68,12 +67,8 @@ class LookaheadWorker(NGRAMWorker):
         self.speculative_num_steps = spec.speculative_num_steps
         self.adaptive_controller = None
         config = ServingConfig.from_args(spec, read_env().config_json)
-        if config.background_indexing is None:
-            # Every model rank drafts for itself; with more than one, all must draft alike.
-            ranks = int(getattr(server_args, "tp_size", 1)) * int(
-                getattr(server_args, "pp_size", 1)
-            )
-            config = dataclasses.replace(config, background_indexing=ranks == 1)
+        ranks = int(getattr(server_args, "tp_size", 1)) * int(getattr(server_args, "pp_size", 1))
+        config = config.for_ranks(ranks)
         self._init_lookahead(
             config,
             device=get_device().device,
@@ -102,7 +97,14 @@ class LookaheadWorker(NGRAMWorker):
     # -- drafting ------------------------------------------------------------------------
 
     def _pending_tokens(self, batch: Any) -> list[list[int]] | None:
-        """Verified tokens not yet in `output_ids` (overlap mode only), as NGRAM reads them."""
+        """Verified tokens not yet in `output_ids` (overlap mode only).
+
+        The overlap relay holds a request's tokens of its last forward, and keeps them after
+        `output_ids` got them when steps without that request came between (another
+        request's prefill, an idle step). NGRAM reads only a tail, so the repeat costs it
+        nothing; we count every token, so each row is cut to what `output_ids` lacks:
+        `seq_lens_cpu[i] + 1` (the root's KV comes next) minus the padded prompt and
+        `output_ids`."""
         bs = len(batch.reqs)
         stride = self.draft_token_num
         if not (self.enable_overlap and not batch.grammar_needs_sync()):
@@ -117,17 +119,28 @@ class LookaheadWorker(NGRAMWorker):
                 f"overlap relay carried {len(self.prev_accept_lens)} accept lengths for a "
                 f"batch of {bs}"
             )
-        return [
+        rows = [
             self.prev_token_ids[i * stride : i * stride + self.prev_accept_lens[i]]
             for i in range(bs)
         ]
+        if batch.seq_lens_cpu is None:
+            return rows  # no host lengths: `draft`'s root check still keeps verify exact
+        for i, (req, n) in enumerate(zip(batch.reqs, batch.seq_lens_cpu.tolist())):
+            missing = n + 1 - len(req.origin_input_ids) - len(req.output_ids)
+            if missing > len(rows[i]):
+                raise RuntimeError(
+                    f"request {req.rid!r}: SGLang's context has {missing} tokens beyond "
+                    f"output_ids, the overlap relay only {len(rows[i])}"
+                )
+            rows[i] = rows[i][len(rows[i]) - missing :] if missing > 0 else []
+        return rows
 
     def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         """Streams new tokens into the cache and drafts the batch: `tokens`, `parents`
         int32 `[bs, N]` (NGRAM's padding; node 0 = each request's last verified token)."""
         pending = self._pending_tokens(batch)
-        self.drafter.sync(batch.reqs, pending)
-        return self.drafter.draft([req.rid for req in batch.reqs])
+        roots = self.drafter.sync(batch.reqs, pending)
+        return self.drafter.draft([req.rid for req in batch.reqs], roots)
 
     def _build_verify_tensors(self, batch: Any) -> tuple[np.ndarray, np.ndarray, VerifyTensors]:
         """Drafts and builds the verify tensors of a decode batch (no SGLang pools touched)."""
