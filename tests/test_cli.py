@@ -44,9 +44,10 @@ def test_bad_arguments_exit_with_a_message(capsys):
         (["--min-draft-score", "nan"], "--min-draft-score"),
         (["--threads", "0"], "--threads must be >= 1"),
         (["--sample", "--top-p", "0"], "--top-p must be in (0, 1]"),
-        (["--sample", "--temperature", "0"], "--temperature must be > 0"),
+        (["--sample", "--temperature", "0"], "--temperature must be a finite number > 0"),
+        (["--sample", "--temperature", "inf"], "--temperature must be a finite number > 0"),
         (["--top-k", "-1"], "--top-k must be >= 0"),
-        (["--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+        (["--repetition-penalty", "0"], "--repetition-penalty must be a finite number > 0"),
     ],
 )
 def test_bad_values_are_refused_before_the_model_loads(argv, message, monkeypatch, capsys):
