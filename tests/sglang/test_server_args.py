@@ -167,3 +167,13 @@ def test_background_indexing_follows_the_model_ranks(plugins_loaded, monkeypatch
         on.for_ranks(4)
     off = config('{"background_indexing": false}')
     assert off.for_ranks(8) is off
+
+
+def test_rank_and_corpus_refusals_come_at_start_up(plugins_loaded, monkeypatch):
+    from lookahead.sglang import LookaheadConfigError
+
+    argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"]
+    with pytest.raises(LookaheadConfigError, match="background_indexing true with 2 model ranks"):
+        resolve(argv + ["--tp-size", "2"], monkeypatch, '{"background_indexing": true}')
+    with pytest.raises(LookaheadConfigError, match="external-corpus-path is NGRAM-only"):
+        resolve(argv + ["--speculative-ngram-external-corpus-path", "x.jsonl"], monkeypatch)

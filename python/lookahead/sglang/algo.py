@@ -85,7 +85,8 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
         """NGRAM's server-argument defaults (`_handle_ngram`), then LOOKAHEAD's checks.
 
         Raises `LookaheadConfigError` (a `ValueError`) at start-up for DP attention, a
-        non-CUDA device, or a budget that does not fit the CUDA-graph verify width.
+        non-CUDA device, a budget that does not fit the CUDA-graph verify width, NGRAM's
+        external corpora, or `background_indexing: true` with several model ranks.
         """
         from sglang.srt.arg_groups.speculative_hook import _handle_ngram
         from sglang.srt.runtime_context import attn_dp_enabled_of
@@ -103,8 +104,16 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
                 "(neither does SGLang's NGRAM, whose verify path it uses); remove "
                 "--attn-dp-size / --enable-dp-attention"
             )
+        if getattr(cfg, "speculative_ngram_external_corpus_path", None) is not None:
+            raise LookaheadConfigError(
+                "--speculative-ngram-external-corpus-path is NGRAM-only; LOOKAHEAD does not "
+                "load SGLang's external corpora"
+            )
         _handle_ngram(record)
-        config = ServingConfig.from_args(resolving_view(record), read_env().config_json)
+        view = resolving_view(record)
+        config = ServingConfig.from_args(view, read_env().config_json)
+        ranks = int(getattr(view, "tp_size", 1) or 1) * int(getattr(view, "pp_size", 1) or 1)
+        config = config.for_ranks(ranks)
         logger.info("lookahead: %s resolved to %s", ALGORITHM_NAME, config.as_dict())
 
 
