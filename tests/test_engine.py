@@ -344,6 +344,34 @@ def test_repetition_penalty_with_an_output_head_wider_than_the_vocabulary():
     assert res.ids == ref
 
 
+def test_a_forward_without_logits_to_keep():
+    # Remote-code models may not take HF's `logits_to_keep`: the prefill asks without it.
+    model = tiny_model("llama", seed=4)
+
+    class Plain(type(model)):
+        def forward(
+            self,
+            input_ids=None,
+            attention_mask=None,
+            position_ids=None,
+            past_key_values=None,
+            use_cache=None,
+        ):
+            return super().forward(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
+            )
+
+    ids = [20, 21, 22, 20, 21, 22, 20]
+    want = hf_generate(model, ids, 12)
+    model.__class__ = Plain
+    res = LookaheadGenerator(model).generate(ids, max_new_tokens=12, eos_token_id=None)
+    assert res.ids == want
+
+
 class _NoCacheLM(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -8,6 +8,7 @@ Greedy output equals `model.generate(do_sample=False)`; sampling keeps the targe
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import operator
@@ -234,6 +235,10 @@ class LookaheadGenerator:
         min_draft_score: float | None = None,
     ):
         check_model_supports_kv(model)
+        # The prefill needs only its last position's logits: ask for them alone where the
+        # forward names the option (remote-code models may lack it).
+        takes_it = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._prefill_kw = {"logits_to_keep": 1} if takes_it else {}
         attn = getattr(model.config, "_attn_implementation", None)
         if attn not in ("sdpa", "eager"):
             raise ValueError(
@@ -472,7 +477,7 @@ class LookaheadGenerator:
         if seq_len > 0:
             # The prompt's last token is the first root: its logits come from the tree forward.
             prompt_t = torch.tensor([ids[:-1]], dtype=torch.long, device=dev)
-            model(input_ids=prompt_t, past_key_values=kv, use_cache=True, logits_to_keep=1)
+            model(input_ids=prompt_t, past_key_values=kv, use_cache=True, **self._prefill_kw)
         stats.prefill_s = perf() - t0
 
         seen = None
