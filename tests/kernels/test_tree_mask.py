@@ -85,3 +85,17 @@ def test_traversal_arrays_match_sglang_definition(batch):
     assert meta.retrieve_next_token.tolist() == nxt.tolist()
     assert meta.retrieve_next_sibling.tolist() == sib.tolist()
     assert meta.retrieve_index.tolist() == torch.arange(B * W).view(B, W).tolist()
+
+
+def test_unvalidated_counts_and_parents_read_alike_in_kernel_and_reference():
+    # num_nodes 0 means the root alone on both sides; int64 values that would wrap in 32 bits
+    # (2**32 + 1 nodes: clamped to W; a parent of 2**32: out of [0, i), so "no parent").
+    parents = torch.tensor([[-1, 0, 2**32], [-1, 0, 1]], dtype=torch.int64)
+    num_nodes = torch.tensor([3, 0], dtype=torch.int64)
+    seq_lens = torch.tensor([4, 5])
+    for n in (num_nodes, torch.tensor([2**32 + 1, 0])):
+        assert_same(
+            tree_metadata_ref(parents, n, seq_lens),
+            tree_metadata_triton(parents, n, seq_lens),
+            "tree_metadata",
+        )

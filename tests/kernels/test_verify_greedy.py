@@ -80,3 +80,15 @@ def test_full_chain_accepts_everything():
         res = fn(tokens, parents, torch.tensor([W], dtype=torch.int32), target)
         assert res.accepted_nodes.tolist() == [list(range(W))]
         assert res.num_accepted.tolist() == [W - 1] and res.bonus.tolist() == [W]
+
+
+def test_unvalidated_counts_and_parents_walk_alike_in_kernel_and_reference():
+    tokens = torch.tensor([[5, 7, 9], [5, 7, 9]])
+    parents = torch.tensor([[-1, 0, 2**32], [-1, 0, 1]], dtype=torch.int64)
+    choice = torch.tensor([[7, 9, 3], [7, 9, 3]])
+    for n in (torch.tensor([3, 0]), torch.tensor([2**32 + 1, 2**32 + 1])):
+        assert_same(
+            verify_greedy_ref(tokens, parents, n, choice),
+            verify_greedy_triton(tokens, parents, n, choice),
+            "verify_greedy",
+        )

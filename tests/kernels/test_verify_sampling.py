@@ -84,3 +84,15 @@ def test_by_hand_walk():
         res = fn(tokens, parents, num_nodes, probs, u)
         assert res.accepted_nodes.tolist() == [[0, 1, 3, -1]]
         assert res.num_accepted.tolist() == [2] and res.bonus.tolist() == [3]
+
+
+def test_a_zero_probability_token_is_never_drawn_across_blocks():
+    # Block sums that round apart differently: the block's preceding mass must come from the
+    # same cumulative sums that chose the block, and only a positive column may be drawn.
+    V = 8 * 4096
+    probs = torch.zeros(1, 1, V)
+    probs[0, 0, 0] = 0.5
+    probs[0, 0, 2 * 4096] = probs[0, 0, 3 * 4096] = 2.0**-25
+    probs[0, 0, 4 * 4096 + 100] = 0.5 - 2.0**-24  # column 4 * 4096 itself has probability 0
+    draw = sample_nodes_triton(probs, torch.tensor([[0.5]]), torch.ones(1, dtype=torch.int32))
+    assert probs[0, 0, int(draw[0, 0])] > 0

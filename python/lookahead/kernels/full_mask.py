@@ -37,8 +37,8 @@ def _full_mask_kernel(
 ):
     b = tl.program_id(0)
     i = tl.program_id(1)
-    n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b).to(tl.int32), 1), W)
-    seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
+    n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), W).to(tl.int32)  # clamp, then narrow
+    seq_len = tl.maximum(tl.load(seq_lens_ptr + b).to(tl.int64), 0)
 
     # Offset of request b: sum of the lengths of the requests before it, in BLOCK_B chunks.
     prefix = tl.zeros([BLOCK_B], dtype=tl.int64)
@@ -54,7 +54,8 @@ def _full_mask_kernel(
     for s in range(0, seq_len, BLOCK_S):
         cols = s + tl.arange(0, BLOCK_S)
         dst = row_start + cols
-        tl.store(out_ptr + dst, ones, mask=(cols < seq_len) & (dst < total))
+        # dst >= 0 too: bad (negative) lengths before b must not move a store below the output.
+        tl.store(out_ptr + dst, ones, mask=(cols < seq_len) & (dst >= 0) & (dst < total))
 
     # Ancestor-or-self row of node i: climb the parent chain (at most W - 1 steps).
     cols = tl.arange(0, BLOCK_W)
@@ -63,11 +64,11 @@ def _full_mask_kernel(
     cur = i
     for _ in range(1, W):
         ok = (cur >= 1) & (cur < n)
-        p = tl.load(parents_ptr + base + cur, mask=ok, other=-1).to(tl.int32)
-        cur = tl.where(ok & (p >= 0) & (p < cur), p, -1)
+        p = tl.load(parents_ptr + base + cur, mask=ok, other=-1)
+        cur = tl.where(ok & (p >= 0) & (p < cur), p, -1).to(tl.int32)
         row = row | (cols == cur)
     dst = row_start + seq_len + cols
-    tl.store(out_ptr + dst, row.to(tl.int8), mask=(cols < W) & (dst < total))
+    tl.store(out_ptr + dst, row.to(tl.int8), mask=(cols < W) & (dst >= 0) & (dst < total))
 
 
 def build_full_mask_triton(
@@ -121,7 +122,7 @@ def build_full_mask_ref(
     """
     W = parents.shape[1]
     tree = tree_metadata_ref(parents, num_nodes, seq_lens).mask
-    real = torch.arange(W, device=parents.device)[None, :] < num_nodes[:, None].long()
+    real = torch.arange(W, device=parents.device)[None, :] < num_nodes.long().clamp(1, W)[:, None]
     blocks = [
         torch.cat((real[b, :, None].expand(W, length), tree[b]), dim=1).reshape(-1)
         for b, length in enumerate(seq_lens.tolist())

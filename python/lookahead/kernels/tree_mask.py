@@ -34,12 +34,13 @@ def _tree_metadata_kernel(
 ):
     b = tl.program_id(0)
     row = tl.arange(0, BLOCK_W)
-    n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b).to(tl.int32), 1), W)
+    n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), W).to(tl.int32)  # clamp, then narrow
     base = b.to(tl.int64) * W
     real = row < n
 
-    par = tl.load(parents_ptr + base + row, mask=real & (row >= 1), other=-1).to(tl.int32)
-    par = tl.where((par >= 0) & (par < row), par, -1)
+    # Range-checked in the stored dtype: an int64 parent must not wrap into [0, i).
+    par = tl.load(parents_ptr + base + row, mask=real & (row >= 1), other=-1)
+    par = tl.where((par >= 0) & (par < row), par, -1).to(tl.int32)
 
     # Ancestor-or-self rows: climb from every node at once, one level per step.
     anc = row[:, None] == row[None, :]
@@ -48,8 +49,8 @@ def _tree_metadata_kernel(
     for _ in range(1, W):
         anc = anc | (row[None, :] == cur[:, None])
         depth += (cur >= 0).to(tl.int32)
-        nxt = tl.load(parents_ptr + base + cur, mask=cur >= 1, other=-1).to(tl.int32)
-        cur = tl.where((cur >= 1) & (nxt >= 0) & (nxt < cur), nxt, -1)
+        nxt = tl.load(parents_ptr + base + cur, mask=cur >= 1, other=-1)
+        cur = tl.where((cur >= 1) & (nxt >= 0) & (nxt < cur), nxt, -1).to(tl.int32)
 
     in_w = row < W
     tile = in_w[:, None] & in_w[None, :]
@@ -127,7 +128,7 @@ def tree_metadata_ref(
     B, W = parents.shape
     dev = parents.device
     idx = torch.arange(W, device=dev)
-    real = idx[None, :] < num_nodes[:, None].long()
+    real = idx[None, :] < num_nodes.long().clamp(1, W)[:, None]
     par = parents.long()
     par = torch.where(real & (idx >= 1) & (par >= 0) & (par < idx), par, -1)
 

@@ -36,12 +36,12 @@ def _tree_walk_kernel(
 ):
     b = tl.program_id(0)
     idx = tl.arange(0, BLOCK_W)
-    n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b).to(tl.int32), 1), W)
+    n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), W).to(tl.int32)  # clamp, then narrow
     base = b.to(tl.int64) * W
     draft = (idx >= 1) & (idx < n)
     tok = tl.load(tokens_ptr + base + idx, mask=draft, other=0).to(tl.int64)
-    par = tl.load(parents_ptr + base + idx, mask=draft, other=-1).to(tl.int32)
-    par = tl.where(draft & (par >= 0) & (par < idx), par, -1)
+    par = tl.load(parents_ptr + base + idx, mask=draft, other=-1)
+    par = tl.where(draft & (par >= 0) & (par < idx), par, -1).to(tl.int32)
 
     path = tl.where(idx == 0, 0, -1)
     cur = tl.zeros([], dtype=tl.int32)
@@ -109,7 +109,7 @@ def tree_walk_ref(
     B, W = tokens.shape
     dev = tokens.device
     idx = torch.arange(W, device=dev)
-    draft = (idx >= 1) & (idx[None, :] < num_nodes[:, None].long())
+    draft = (idx >= 1) & (idx[None, :] < num_nodes.long().clamp(1, W)[:, None])
     par = parents.long()
     par = torch.where(draft & (par >= 0) & (par < idx), par, -1)
     tok = tokens.long()

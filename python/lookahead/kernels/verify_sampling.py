@@ -42,7 +42,7 @@ def _draw_kernel(
     row = tl.program_id(0)
     b = row // W
     i = row % W
-    n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b).to(tl.int32), 1), W)
+    n = tl.minimum(tl.maximum(tl.load(num_nodes_ptr + b), 1), W).to(tl.int32)  # clamp, then narrow
     span = tl.where(i < n, V, 0)  # padding rows: no pass over the vocabulary
     base = row.to(tl.int64) * V
     offs = tl.arange(0, BLOCK_V)
@@ -63,12 +63,15 @@ def _draw_kernel(
     cum = tl.cumsum(sums, axis=0)
     k_hit = tl.min(tl.where(cum > thresh, blocks, NUM_BLOCKS), axis=0)
     hit = k_hit < NUM_BLOCKS
-    before = tl.sum(tl.where(blocks < k_hit, sums, 0.0), axis=0)
+    # The mass before the hit block from the same cumulative sums that chose it: summed
+    # apart in another order it can round above the threshold (then every column of the
+    # block would pass, a zero-probability one included).
+    before = tl.sum(tl.where(blocks == k_hit - 1, cum, 0.0), axis=0)
     cols = k_hit * BLOCK_V + offs
     p = tl.load(probs_ptr + base + cols, mask=cols < tl.where(hit, V, 0), other=0.0)
     p = p.to(tl.float32)
     cdf = before + tl.cumsum(p, axis=0)
-    first = tl.min(tl.where((cdf > thresh) & (cols < V), cols, V), axis=0)
+    first = tl.min(tl.where((cdf > thresh) & (p > 0) & (cols < V), cols, V), axis=0)
     block_last = tl.max(tl.where(p > 0, cols, -1), axis=0)
     fallback = tl.where(hit & (block_last >= 0), block_last, tl.maximum(last_pos, 0))
     draw = tl.where(first < V, first, fallback)
