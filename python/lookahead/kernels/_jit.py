@@ -38,7 +38,20 @@ class lazy_jit:  # noqa: N801 - used as a decorator, like triton.jit
         return self._jitted
 
     def __getitem__(self, grid: Any) -> Any:
-        return self.jitted()[grid]
+        launch = self.jitted()[grid]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            # Triton launches on the current CUDA device: make it the inputs' (tensors on
+            # cuda:1 while cuda:0 is current would be read through the wrong context).
+            dev = next((a.device for a in args if getattr(a, "is_cuda", False)), None)
+            if dev is None:
+                return launch(*args, **kwargs)
+            import torch
+
+            with torch.cuda.device(dev):
+                return launch(*args, **kwargs)
+
+        return run
 
 
 def next_pow2(n: int) -> int:
@@ -57,3 +70,8 @@ def check_launchable(*tensors: Any) -> None:
                 "(or TRITON_INTERPRET=1 for the CPU interpreter). Use the dispatch "
                 "function, which routes CPU tensors to the torch reference."
             )
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(
+            f"the Triton launcher's inputs lie on several devices: {sorted(map(str, devices))}"
+        )
