@@ -124,6 +124,8 @@ def test_eos_inside_an_accepted_draft(as_stop_token):
     assert res.ids == hf_generate(model, ids, 30, eos_token_id=stop) == ref[: p + 1]
     assert res.finish_reason == ("stop_token" if as_stop_token else "eos")
     assert res.stats.steps < len(res.ids)  # the stop token came inside a multi-token step
+    # Drafts accepted past the stop token were not output: not counted.
+    assert sum(res.stats.accepted) <= len(res.ids) - (res.stats.steps - 1)
 
 
 def test_default_eos_comes_from_the_generation_config():
@@ -178,7 +180,7 @@ def test_draft_tokens_outside_the_vocabulary_are_dropped():
     assert res.ids == hf_generate(model, [5, 6, 7, 8], 8)
 
 
-def test_max_new_tokens_reached_mid_draft():
+def test_max_new_tokens_caps_the_last_drafts():
     model = tiny_model("qwen2", seed=8)
     ids = [30, 31, 32, 33, 30, 31, 32]
     ref = hf_generate(model, ids, 20)
@@ -189,7 +191,13 @@ def test_max_new_tokens_reached_mid_draft():
         )
         assert res.ids == ref[:limit] == hf_generate(model, ids, limit)
         assert res.finish_reason == "length"
-        assert res.stats.steps == -(-limit // 7)
+        # No step drafts more nodes than tokens still wanted after its bonus token, so none
+        # runs past the limit and every accepted token is output.
+        done = 0
+        for nodes, acc in zip(res.stats.draft_nodes, res.stats.accepted):
+            assert nodes <= limit - done - 1
+            done += acc + 1
+        assert done == limit
 
 
 def test_stop_strings_and_streaming():

@@ -507,7 +507,8 @@ class LookaheadGenerator:
         while True:
             t1 = perf()
             deep = bool(stats.accepted) and stats.accepted[-1] >= DEEP_ACCEPT
-            b = budget if deep else base_budget
+            # Never more nodes than tokens still wanted after the bonus (verified for nothing).
+            b = min(budget if deep else base_budget, max_new - len(out) - 1)
             if b > 0:
                 d = self.cache.draft(rid, budget=b, multi_branch=mb)
                 d_parents, d_tokens, d_scores = d.parents, d.tokens, d.scores
@@ -595,6 +596,8 @@ class LookaheadGenerator:
                 cut, reason = max_new, "length"
             if cut is not None:
                 del out[cut:]
+                # Draft tokens cut off with the rest were not output: not counted as accepted.
+                stats.accepted[-1] = min(n_acc, len(out) - start)
             if on_tokens is not None and len(out) > start:
                 delta = text.delta(out, final=cut is not None) if text is not None else ""
                 on_tokens(out[start:], delta)
