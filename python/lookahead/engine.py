@@ -181,14 +181,16 @@ def _check_bool(name: str, v) -> bool:
     return bool(v)
 
 
-def _in_vocab(tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray, vocab: int):
+def _prune(tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray, vocab: int, depth: int):
     """The draft without its nodes whose ids the model does not have (a history shared with
-    another vocabulary), nor their descendants; parents renumbered."""
+    another vocabulary) or that lie deeper than `depth` below the root, nor their
+    descendants; parents renumbered."""
     ids = tokens.view(np.uint32)
-    keep, new_index = [0], {0: 0}
+    keep, new_index, level = [0], {0: 0}, {0: 0}
     for i in range(1, len(tokens)):
-        if ids[i] < vocab and int(parents[i]) in new_index:
-            new_index[i] = len(keep)
+        p = int(parents[i])
+        if ids[i] < vocab and p in new_index and level[p] < depth:
+            new_index[i], level[i] = len(keep), level[p] + 1
             keep.append(i)
     new_parents = np.array([-1] + [new_index[int(parents[i])] for i in keep[1:]], np.int32)
     return tokens[keep], new_parents, scores[keep]
@@ -507,13 +509,19 @@ class LookaheadGenerator:
         while True:
             t1 = perf()
             deep = bool(stats.accepted) and stats.accepted[-1] >= DEEP_ACCEPT
-            # Never more nodes than tokens still wanted after the bonus (verified for nothing).
-            b = min(budget if deep else base_budget, max_new - len(out) - 1)
-            if b > 0:
+            b = budget if deep else base_budget
+            # Draft tokens wanted at most: those still to come, less the bonus token.
+            room = max_new - len(out) - 1
+            if b > 0 and room > 0:
                 d = self.cache.draft(rid, budget=b, multi_branch=mb)
                 d_parents, d_tokens, d_scores = d.parents, d.tokens, d.scores
-                if len(d_tokens) > 1 and int(d_tokens.view(np.uint32)[1:].max()) >= vocab:
-                    d_tokens, d_parents, d_scores = _in_vocab(d_tokens, d_parents, d_scores, vocab)
+                if len(d_tokens) > 1 and (
+                    room < b or int(d_tokens.view(np.uint32)[1:].max()) >= vocab
+                ):
+                    # Nodes deeper than `room` would be verified for nothing.
+                    d_tokens, d_parents, d_scores = _prune(
+                        d_tokens, d_parents, d_scores, vocab, room
+                    )
                 if len(d_tokens) > 1 and float(d_scores[1:].sum()) < self.min_draft_score:
                     # Too unlikely to pay for the extra rows: verify the root alone.
                     d_parents, d_tokens = d_parents[:1], d_tokens[:1]
