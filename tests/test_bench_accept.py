@@ -125,6 +125,44 @@ def test_simulator_rejects_bad_arguments(tmp_path):
         accept.main(["--traces", str(path), "--drafters", "vllm", "--ours-config", "x"])
     with pytest.raises(SystemExit, match="not a bool, none, number"):
         accept.main(["--traces", str(path), "--drafters", "vllm", "--ours-config", "a=b"])
+    # All refused before the replay: a bad list, count, cache argument or output path.
+    with pytest.raises(SystemExit):
+        accept.main(["--traces", str(path), "--budgets", "8,x"])
+    with pytest.raises(SystemExit, match="--per-category must be >= 0"):
+        accept.main(["--traces", str(path), "--per-category", "-1"])
+    for kv in ("foo=1", "max_depth=1"):
+        with pytest.raises(SystemExit, match="--ours-config"):
+            accept.main(["--traces", str(path), "--ours-config", kv])
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(SystemExit, match="cannot write"):
+        accept.main(["--traces", str(path), "--json", str(afile / "x.json")])
+
+
+def test_bench_errors_are_one_line(tmp_path, capsys):
+    from lookahead import bench
+
+    assert bench.main(["accept", "--traces", str(tmp_path / "none.gz")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lookahead bench accept: FileNotFoundError") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        bench.main(["trie", "--reps", "0"])
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="not a bench's --json file"):
+        bench.main(["plot", str(tmp_path / "list.json"), str(tmp_path / "x.png")])
+
+
+def test_bench_interrupted_exits_130(monkeypatch, capsys):
+    from lookahead import bench
+    from lookahead.bench import accept as accept_module
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(accept_module, "main", interrupted)
+    assert bench.main(["accept"]) == 130
+    assert "interrupted" in capsys.readouterr().err
 
 
 def test_ours_config_values():
@@ -158,6 +196,11 @@ def test_select_questions_covers_every_category(tmp_path):
     assert mt == ["writing", "roleplay", "math", "coding"]  # evenly spaced, not the first 4
     with pytest.raises(ValueError, match="has 8 questions"):
         select_questions(q, 9)
+    with pytest.raises(ValueError, match="per_category must be >= 1"):
+        select_questions(q, 0)
+    # Only the categories asked for need enough questions.
+    only = select_questions(q, 8, ["translation", "rag"])
+    assert [x["category"] for x in only] == ["translation"] * 8 + ["rag"] * 8
 
 
 def test_chaining_past_the_copy_oracle_is_counted_not_an_error(tmp_path):

@@ -59,6 +59,48 @@ def test_bad_values_are_refused_before_the_model_loads(argv, message, monkeypatc
     assert message in capsys.readouterr().err
 
 
+def test_more_bad_values_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    def no_load(*a, **k):
+        raise AssertionError("the model must not load for bad arguments")
+
+    monkeypatch.setattr("lookahead.models.load_model", no_load)
+    assert cli.main(["generate", "--prompt", ""]) == 2
+    assert "--prompt is empty" in capsys.readouterr().err
+    assert cli.main(["generate", "--prompt", "x", "--seed", "-1"]) == 2
+    assert "--seed must be in [0, 2**64)" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(SystemExit, match="cannot write"):
+        cli.main(["demo", "--json", str(afile / "demo.json")])
+    from lookahead.bench import e2e
+
+    with pytest.raises(SystemExit):
+        e2e.main(["--budget", "-1"])
+    with pytest.raises(SystemExit):
+        e2e.main(["--max-new-tokens", "0"])
+    with pytest.raises(SystemExit):
+        e2e.main(["--per-category", "0"])
+
+
+def test_interrupt_exits_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_generate", interrupted)
+    assert cli.main(["generate", "--prompt", "x"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_prompt_from_stdin(monkeypatch):
+    import io
+
+    seen = {}
+    monkeypatch.setattr("sys.stdin", io.StringIO("a prompt from stdin"))
+    monkeypatch.setattr(cli, "_generate", lambda args: seen.setdefault("prompt", args.prompt) and 0)
+    assert cli.main(["generate", "--prompt", "-"]) == 0
+    assert seen["prompt"] == "a prompt from stdin"
+
+
 @pytest.mark.parametrize("device", ["mps", "meta", "xla", "cuda:7", "gpu"])
 def test_unsupported_devices_are_one_line(device, capsys):
     assert cli.main(["generate", "--prompt", "x", "--device", device]) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from lookahead.models import DTYPES
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate from one prompt, streamed, with statistics")
     _add_model_args(gen)
-    gen.add_argument("--prompt", required=True, help="the user message")
+    gen.add_argument("--prompt", required=True, help="the user message ('-': read it from stdin)")
     gen.add_argument(
         "--max-new-tokens", type=int, default=256, help="new tokens, at most (default 256)"
     )
@@ -196,6 +197,10 @@ def _check_args(args) -> str | None:
         return "--threads must be >= 1"
     if args.command == "demo" and args.count < 1:
         return "--count must be >= 1"
+    if args.command == "generate" and not args.prompt:
+        return "--prompt is empty"
+    if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**64:
+        return f"--seed must be in [0, 2**64), got {args.seed}"
     if args.command == "generate":
         from lookahead.sampling import SamplingConfig
 
@@ -216,6 +221,8 @@ def main(argv: list | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "generate" and args.prompt == "-":
+        args.prompt = sys.stdin.read()
     problem = _check_args(args)
     if problem:
         print(f"lookahead: {problem}", file=sys.stderr)
@@ -223,6 +230,10 @@ def main(argv: list | None = None) -> int:
     from lookahead.errors import LookaheadError
     from lookahead.models import ModelLoadError
 
+    if args.command == "demo":
+        from lookahead.bench.harness import check_outputs
+
+        check_outputs(args.json, args.plot)  # before the model loads and the prompts run
     try:
         if args.threads is not None:
             import torch
@@ -233,6 +244,13 @@ def main(argv: list | None = None) -> int:
 
             return demo.main(args)
         return _generate(args)
+    except KeyboardInterrupt:
+        print("\nlookahead: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say, and nowhere to say it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (LookaheadError, ModelLoadError, ValueError, OSError) as e:
         # What a user can fix (a path, a prompt file, a device, a model): one line, no trace.
         print(f"lookahead: {type(e).__name__}: {e}", file=sys.stderr)

@@ -32,7 +32,14 @@ from collections import defaultdict
 
 import numpy as np
 
-from lookahead.bench.harness import command_line, header, percentile, write_json
+from lookahead.bench.harness import (
+    check_outputs,
+    command_line,
+    header,
+    percentile,
+    positive_ints,
+    write_json,
+)
 from lookahead.bench.peers import accepted_length, check_tree
 from lookahead.bench.peers.oracle import CopyOracle
 from lookahead.bench.traces import CATEGORIES, DEFAULT_OUT, read_traces
@@ -301,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="lookahead bench accept", description="Acceptance simulator over recorded traces."
     )
-    p.add_argument("--traces", default=DEFAULT_OUT)
-    p.add_argument("--budgets", default="8,16,32", help="comma-separated draft budgets B")
+    p.add_argument("--traces", default=DEFAULT_OUT, help="recorded traces (lookahead bench traces)")
+    p.add_argument(
+        "--budgets", type=positive_ints, default=[8, 16, 32], help="comma-separated draft budgets B"
+    )
     p.add_argument(
         "--drafters",
         default=",".join(DRAFTERS),
@@ -327,9 +336,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the tables as a PNG")
     args = p.parse_args(argv)
 
-    budgets = [int(b) for b in args.budgets.split(",") if b]
-    if not budgets or min(budgets) < 1:
-        raise SystemExit("--budgets needs positive integers")
+    budgets = args.budgets
+    check_outputs(args.json, args.plot)
+    if args.per_category < 0:
+        raise SystemExit(f"--per-category must be >= 0 (0: all), got {args.per_category}")
+    ours = _parse_kv(args.ours_config)
+    try:  # a bad --ours-config fails now, not after the peers have run
+        from lookahead import LookaheadCache
+
+        LookaheadCache(**ours)
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"--ours-config: {e}") from None
     names = [n for n in args.drafters.split(",") if n]
     unknown = [n for n in names if n not in DRAFTERS]
     if unknown:
@@ -346,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     cats = [c for c in CATEGORIES if any(r["category"] == c for r in traces)]
     opts = {
         "eos": traces[0].get("eos_token_id"),
-        "ours": _parse_kv(args.ours_config),
+        "ours": ours,
         "label": args.label,
     }
 

@@ -16,7 +16,13 @@ import sys
 import time
 from collections import defaultdict
 
-from lookahead.bench.harness import command_line, header, write_json
+from lookahead.bench.harness import (
+    check_outputs,
+    command_line,
+    header,
+    positive_int,
+    write_json,
+)
 from lookahead.bench.plot import plot_e2e
 from lookahead.bench.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions
 from lookahead.models import DTYPES
@@ -27,11 +33,13 @@ METHODS = ("plain", "pld", "lookahead")
 def main(argv: list[str] | None = None) -> int:
     """Run the end-to-end comparison; see the module docstring."""
     p = argparse.ArgumentParser(prog="lookahead bench e2e", description=__doc__.split("\n")[0])
-    p.add_argument("--questions", default=DEFAULT_QUESTIONS)
-    p.add_argument("--per-category", type=int, default=3)
-    p.add_argument("--categories", default=",".join(CATEGORIES))
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--model", default=None)
+    p.add_argument("--questions", default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
+    p.add_argument("--per-category", type=positive_int, default=3, help="prompts per category")
+    p.add_argument(
+        "--categories", default=",".join(CATEGORIES), help="comma-separated subset to run"
+    )
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, help="per prompt")
+    p.add_argument("--model", default=None, help="local HF folder or .gguf (default model)")
     p.add_argument(
         "--dtype",
         default="auto",
@@ -47,12 +55,23 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="lookahead draft budget after a deep acceptance (default: the engine's)",
     )
-    p.add_argument("--pld-tokens", type=int, default=10)
+    p.add_argument(
+        "--pld-tokens", type=positive_int, default=10, help="HF prompt lookup's draft length"
+    )
     p.add_argument("--fresh-cache", action="store_true", help="a new lookahead cache per prompt")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the tables as a PNG")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="write the full results here")
     args = p.parse_args(argv)
+    check_outputs(args.json, args.plot)
+    from lookahead._core import MAX_BUDGET
+
+    for knob in ("budget", "max_budget"):
+        v = getattr(args, knob)
+        if v is not None and not 0 <= v <= MAX_BUDGET:
+            p.error(f"--{knob.replace('_', '-')} must be in [0, {MAX_BUDGET}], got {v}")
+    if args.threads < 0:
+        p.error(f"--threads must be >= 0, got {args.threads}")
 
     import torch
     from tqdm import tqdm
@@ -67,11 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [c for c in cats if c not in CATEGORIES]
     if bad:
         raise SystemExit(f"unknown categories {bad}; choose from {CATEGORIES}")
-    questions = [
-        q
-        for q in select_questions(args.questions, args.per_category)
-        if q["category"] in cats or ("mt_bench" in cats and q["category"] not in CATEGORIES)
-    ]
+    questions = select_questions(args.questions, args.per_category, cats)
     try:
         args.dtype = resolve_dtype(args.dtype, args.device)
     except ValueError as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import datetime as _dt
 import importlib.metadata
@@ -120,3 +121,37 @@ def parse_kwargs(spec: str) -> dict:
     (the variants of the benchmarks/ scripts)."""
     call = ast.parse(f"f({spec})", mode="eval").body
     return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def positive_ints(text: str) -> list[int]:
+    """argparse type: comma-separated ints >= 1 (at least one)."""
+    parts = [x for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("needs at least one integer")
+    return [positive_int(x) for x in parts]
+
+
+def check_outputs(*paths) -> None:
+    """Fails now, before any slow work, if an output file could not be written later: its
+    folder is created if missing and must be writable."""
+    for path in paths:
+        if path is None:
+            continue
+        folder = Path(path).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SystemExit(f"cannot write {path}: {e.strerror or e}") from None
+        if not os.access(folder, os.W_OK) or Path(path).is_dir():
+            raise SystemExit(f"cannot write {path}: not a writable file path")

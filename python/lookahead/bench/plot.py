@@ -196,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(Path(args.result).read_text())
     except (OSError, ValueError) as err:
         raise SystemExit(f"cannot read {args.result}: {err}") from err
+    if not isinstance(result, dict):
+        raise SystemExit(f"{args.result} is not a bench's --json file (a JSON object)")
+    from lookahead.bench.harness import check_outputs
+
+    check_outputs(args.out)
     plot_result(result, args.out)
     return 0
 

@@ -21,12 +21,18 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from lookahead.bench.harness import check_outputs, positive_int
 
 # Spec-Bench's six task categories; MT-bench's eight subcategories count as one (`mt_bench`).
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 DEFAULT_QUESTIONS = "/work/shared/data/spec_bench/question.jsonl"
-DEFAULT_OUT = "data/traces/specbench_smollm2.jsonl.gz"
+# The recorded traces of this checkout (found from any working directory), else relative.
+_TRACES = "data/traces/specbench_smollm2.jsonl.gz"
+_IN_CHECKOUT = Path(__file__).resolve().parents[3] / _TRACES
+DEFAULT_OUT = str(_IN_CHECKOUT) if _IN_CHECKOUT.exists() else _TRACES
 
 
 def spec_bench_category(raw: str) -> str:
@@ -34,11 +40,16 @@ def spec_bench_category(raw: str) -> str:
     return raw if raw in CATEGORIES else "mt_bench"
 
 
-def select_questions(path: str | os.PathLike, per_category: int) -> list[dict]:
-    """`per_category` questions of each category, evenly spaced through the file (deterministic).
+def select_questions(
+    path: str | os.PathLike, per_category: int, categories: Sequence[str] = CATEGORIES
+) -> list[dict]:
+    """`per_category` questions of each of `categories`, evenly spaced through the file
+    (deterministic).
 
     Evenly spaced rather than the first N so that `mt_bench` covers all eight subcategories.
     """
+    if per_category < 1:
+        raise ValueError(f"per_category must be >= 1, got {per_category}")
     by_cat: dict[str, list[dict]] = {c: [] for c in CATEGORIES}
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -46,7 +57,7 @@ def select_questions(path: str | os.PathLike, per_category: int) -> list[dict]:
                 q = json.loads(line)
                 by_cat[spec_bench_category(q["category"])].append(q)
     picked = []
-    for cat in CATEGORIES:
+    for cat in categories:
         qs = by_cat[cat]
         if len(qs) < per_category:
             raise ValueError(f"{path}: category {cat} has {len(qs)} questions < {per_category}")
@@ -94,20 +105,21 @@ def main(argv: list[str] | None = None) -> int:
     """Record traces; see the module docstring."""
     p = argparse.ArgumentParser(prog="lookahead bench traces", description=__doc__.split("\n")[0])
     p.add_argument("--questions", default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
-    p.add_argument("--per-category", type=int, default=20)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--per-category", type=positive_int, default=20, help="questions per category")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--model", default=None, help="local HF folder or .gguf (default model)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument(
         "--batch-size",
-        type=int,
+        type=positive_int,
         default=1,
         help="prompts per generate call (left padded); 1 is exact batch-1 greedy",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--out", default=DEFAULT_OUT, help="the trace file to write")
     p.add_argument("--json", default=None, help="write run metadata (command, model, timing)")
     args = p.parse_args(argv)
+    check_outputs(args.out, args.json)
 
     import torch
     from tqdm import tqdm

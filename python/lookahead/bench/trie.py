@@ -35,7 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from lookahead import LookaheadCache, _core
-from lookahead.bench.harness import command_line, header, write_json
+from lookahead.bench.harness import (
+    check_outputs,
+    command_line,
+    header,
+    positive_int,
+    write_json,
+)
 
 DEFAULT_DATA = Path("/work/shared/data/spec_bench/question.jsonl")
 PACKAGED_DATA = Path(__file__).resolve().parent.parent / "data" / "spec_bench_sample.jsonl"
@@ -240,15 +246,18 @@ def main(argv: list[str] | None = None) -> int:
     """Run the trie benchmark; print a table, optionally write rows to --json."""
     ap = argparse.ArgumentParser(prog="lookahead bench trie", description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=None, help="Spec-Bench question.jsonl, or 'zipf'")
-    ap.add_argument("--depth", type=int, default=12)
-    ap.add_argument("--history-nodes", type=int, default=1_000_000)
-    ap.add_argument("--iters", type=int, default=50_000, help="drafts per configuration")
-    ap.add_argument("--reps", type=int, default=7, help="repetitions per prompt size")
+    ap.add_argument("--depth", type=positive_int, default=12, help="our trie's max_depth")
+    ap.add_argument(
+        "--history-nodes", type=positive_int, default=1_000_000, help="shared-history size"
+    )
+    ap.add_argument("--iters", type=positive_int, default=50_000, help="drafts per configuration")
+    ap.add_argument("--reps", type=positive_int, default=7, help="repetitions per prompt size")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--peers", action="store_true", help="also measure peer tries (hook)")
     ap.add_argument("--json", metavar="FILE", help="write all rows and the machine here")
     ap.add_argument("--plot", metavar="PNG", help="draw the results as a PNG")
     args = ap.parse_args(argv)
+    check_outputs(args.json, args.plot)
     if args.quick:
         args.history_nodes, args.iters, args.reps = 50_000, 2_000, 2
     if args.data == "zipf":
