@@ -248,18 +248,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=None, help="Spec-Bench question.jsonl, or 'zipf'")
     ap.add_argument("--depth", type=positive_int, default=12, help="our trie's max_depth")
     ap.add_argument(
-        "--history-nodes", type=positive_int, default=1_000_000, help="shared-history size"
+        "--history-nodes", type=positive_int, help="shared-history size (1,000,000; quick: 50,000)"
     )
-    ap.add_argument("--iters", type=positive_int, default=50_000, help="drafts per configuration")
-    ap.add_argument("--reps", type=positive_int, default=7, help="repetitions per prompt size")
-    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    ap.add_argument(
+        "--iters", type=positive_int, help="drafts per configuration (50,000; quick: 2,000)"
+    )
+    ap.add_argument("--reps", type=positive_int, help="repetitions per prompt size (7; quick: 2)")
+    ap.add_argument(
+        "--quick", action="store_true", help="small sizes (a smoke run); explicit sizes still win"
+    )
     ap.add_argument("--peers", action="store_true", help="also measure peer tries (hook)")
     ap.add_argument("--json", metavar="FILE", help="write all rows and the machine here")
     ap.add_argument("--plot", metavar="PNG", help="draw the results as a PNG")
     args = ap.parse_args(argv)
     check_outputs(args.json, args.plot)
-    if args.quick:
-        args.history_nodes, args.iters, args.reps = 50_000, 2_000, 2
+    defaults = (50_000, 2_000, 2) if args.quick else (1_000_000, 50_000, 7)
+    for name, default in zip(("history_nodes", "iters", "reps"), defaults):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.data == "zipf":
         texts, source = zipf_texts(400_000), "zipf(1.1) synthetic, 32k ids, repeated phrases"
     else:
