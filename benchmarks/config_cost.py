@@ -13,10 +13,8 @@ step, its draft + extend time per step and its history nodes at the end. A confi
 
 from __future__ import annotations
 
-import sys
-
 from lookahead.bench.accept import oracle_tables, run_drafters, summarize
-from lookahead.bench.harness import parse_kwargs
+from lookahead.bench.harness import parse_kwargs, run_script
 from lookahead.bench.peers.ours import LookaheadDrafter
 from lookahead.bench.traces import DEFAULT_OUT, read_traces
 
@@ -42,4 +40,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_script(main, __doc__)

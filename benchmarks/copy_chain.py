@@ -25,11 +25,10 @@ of our multi-branch draft at budget B:
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 from lookahead import LookaheadCache
 from lookahead.bench.accept import accepted_length, oracle_tables, run_drafter, summarize
+from lookahead.bench.harness import run_script
 from lookahead.bench.traces import read_traces
 
 MAX_SUFFIX = 11
@@ -229,4 +228,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_script(main, __doc__)

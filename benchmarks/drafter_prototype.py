@@ -50,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from lookahead.bench.accept import oracle_tables, run_drafter, summarize  # noqa: E402
-from lookahead.bench.harness import parse_kwargs  # noqa: E402
+from lookahead.bench.harness import parse_kwargs, run_script  # noqa: E402
 from lookahead.bench.traces import read_traces  # noqa: E402
 from reference_trie import ReferenceCache, _windows_into  # noqa: E402
 
@@ -258,4 +258,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_script(main, __doc__)

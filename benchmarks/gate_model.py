@@ -15,11 +15,11 @@ observed accepted / predicted ratio so far, with a prior of 2 tokens each).
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 
 import numpy as np
 from lookahead import LookaheadCache
+from lookahead.bench.harness import run_script
 from lookahead.bench.peers import accepted_length
 from lookahead.bench.traces import read_traces
 
@@ -84,4 +84,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_script(main, __doc__)

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 from lookahead import LookaheadCache
+from lookahead.bench.harness import run_script
 from lookahead.bench.peers.vllm_ngram import find_longest_matched_ngram
 from lookahead.bench.trie import (
     DEFAULT_DATA,
@@ -142,4 +143,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_script(main, __doc__)

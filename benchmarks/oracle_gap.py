@@ -16,11 +16,11 @@ small `k` with a large fan-out it picks, in hindsight, one occurrence among many
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 
 import numpy as np
 from lookahead.bench.accept import accepted_length, oracle_tables
+from lookahead.bench.harness import run_script
 from lookahead.bench.peers.ours import LookaheadDrafter
 from lookahead.bench.traces import read_traces
 
@@ -116,4 +116,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_script(main, __doc__)

@@ -10,11 +10,11 @@ often it was, binned by that score and by the node's depth in the draft.
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 
 import numpy as np
 from lookahead import LookaheadCache
+from lookahead.bench.harness import run_script
 from lookahead.bench.traces import DEFAULT_OUT, read_traces
 
 BUDGET = 16
@@ -65,4 +65,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_script(main, __doc__)

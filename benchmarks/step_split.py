@@ -11,12 +11,12 @@ new (random tokens).
 
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
 from lookahead import LookaheadCache
 from lookahead.bench.accept import oracle_tables, run_drafters, summarize
+from lookahead.bench.harness import run_script
 from lookahead.bench.peers.ours import LookaheadDrafter
 from lookahead.bench.peers.vllm_ngram import VllmNgramDrafter
 from lookahead.bench.traces import DEFAULT_OUT, read_traces
@@ -82,4 +82,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_script(main, __doc__)

@@ -155,3 +155,13 @@ def check_outputs(*paths) -> None:
             raise SystemExit(f"cannot write {path}: {e.strerror or e}") from None
         if not os.access(folder, os.W_OK) or Path(path).is_dir():
             raise SystemExit(f"cannot write {path}: not a writable file path")
+
+
+def run_script(main, doc: str | None) -> None:
+    """The `__main__` of a `benchmarks/` script: `-h` / `--help` prints its docstring (and
+    runs nothing); else `main(sys.argv[1:])` gives the exit status."""
+    argv = sys.argv[1:]
+    if {"-h", "--help"} & set(argv):
+        print((doc or "").strip())
+        sys.exit(0)
+    sys.exit(main(argv) or 0)
