@@ -547,8 +547,23 @@ impl Shared {
     }
 
     fn run_build(&self, text: &[u32], slot: &PromptSlot) {
+        if slot.cancel.load(Ordering::Relaxed) {
+            // Finished (or its cache dropped) while queued: nobody will draft from it.
+            slot.set(Err("cancelled before it started".into()));
+            return;
+        }
         let r = catch_unwind(AssertUnwindSafe(|| self.build_prompt(text, slot)));
         slot.set(r.map_err(|e| panic_message(&e)));
+    }
+}
+
+impl Drop for Cache {
+    /// Queued prompt builds of the live requests are cancelled (the pool's threads would
+    /// otherwise index prompts nobody can draft from any more).
+    fn drop(&mut self) {
+        for req in read(&self.requests).values() {
+            req.prompt.cancel.store(true, Ordering::Relaxed);
+        }
     }
 }
 
