@@ -303,9 +303,12 @@ def test_a_tree_from_a_wrong_context_gets_the_right_root_and_restarts(plugins_lo
     tokens, _ = drafter.draft(["r"], roots)
     assert tokens[0, 0] == 9  # verify feeds the true last token: still exact
     assert "r" not in drafter.live_requests  # restarted from its whole context next sync
+    before = _history_score_after(drafter, 8)
     drafter.sync([req])
     assert drafter._ctx_len["r"] == 5
     assert drafter.cache.draft("r", budget=1).tokens[0] == 9  # the cache has it right again
+    # Its outputs were in the shared history already: the restart counts none there again.
+    assert _history_score_after(drafter, 8) == before
 
 
 def test_namespaces_isolate_tenants(plugins_loaded):
@@ -406,3 +409,29 @@ def test_a_failed_sync_resends_on_the_next_one(plugins_loaded):
     assert c.draft("q", budget=1, multi_branch=False).tokens.tolist() == [7, 8]
     with pytest.raises(ValueError, match="appears twice"):
         drafter.sync([a, a])
+
+
+def test_a_retracted_request_restarts_without_recounting_its_outputs(plugins_loaded):
+    """Retraction gives a request back with fewer tokens: it restarts from its whole
+    (shorter) context, its own trie indexing it all and the shared history untouched."""
+    drafter = make_worker(width=6, breadth=1).drafter
+    req = make_req("r", [5, 6, 7, 8], [9, 10, 11])
+    drafter.sync([req])
+    before = _history_score_after(drafter, 8)
+    del req.output_ids[1:]  # re-admitted after a retraction: only 9 survived
+    roots = drafter.sync([req])
+    assert roots.tolist() == [9] and drafter._ctx_len["r"] == 5
+    assert _history_score_after(drafter, 8) == before  # "8 9" not counted again
+    req.output_ids.extend([10, 11])
+    drafter.sync([req])  # new tokens stream in as usual
+    assert drafter._ctx_len["r"] == 7
+    assert drafter.cache.draft("r", budget=1).tokens[0] == 11
+
+
+def _history_score_after(drafter, token):
+    """The score of the shared history's best continuation of `token`, drafted for a probe
+    request whose own text has no continuation of it (a count counted twice scores higher)."""
+    drafter.cache.start_request("probe", [1000, token])
+    score = float(drafter.cache.draft("probe", budget=1).scores[1])
+    drafter.cache.finish_request("probe")
+    return score

@@ -50,6 +50,9 @@ class LookaheadDrafter:
         self.cache = self._new_cache()
         # rid -> number of context tokens (prompt + outputs) the cache has seen.
         self._ctx_len: dict[Any, int] = {}
+        # Requests to start again from their whole context, whose outputs so far already
+        # reached the shared history (a retraction, a context found wrong).
+        self._restart: set = set()
 
     def _new_cache(self) -> LookaheadCache:
         c = self.config
@@ -111,8 +114,18 @@ class LookaheadDrafter:
                 # The context shrank (a retracted request re-admitted): start it again.
                 self.cache.finish_request(req.rid)
                 del self._ctx_len[req.rid]
+                self._restart.add(req.rid)
                 seen = None
-            if seen is None:
+            if seen is None and req.rid in self._restart:
+                # The whole context indexed as its own trie's prompt: its outputs so far are
+                # in the shared history already and must not be counted there twice.
+                self._restart.discard(req.rid)
+                context = np.concatenate(
+                    [_ids(prompt), _ids(outputs[:]), np.asarray(extra, dtype=np.int64)]
+                )
+                self.cache.start_request(req.rid, context, namespace=self.namespace_of(req))
+                seen = self._ctx_len[req.rid] = total
+            elif seen is None:
                 self.cache.start_request(req.rid, _ids(prompt), namespace=self.namespace_of(req))
                 seen = self._ctx_len[req.rid] = n_prompt
             if total > seen:
@@ -167,12 +180,15 @@ class LookaheadDrafter:
                     rids[int(wrong[0])],
                 )
                 tokens[wrong, 0] = roots[wrong].astype(np.int32)
-                self.finish([rids[int(i)] for i in wrong])
+                again = [rids[int(i)] for i in wrong]
+                self.finish(again)
+                self._restart.update(again)
         return tokens, bd.parents
 
     def finish(self, rids: Sequence[Any]) -> None:
         """Ends the requests that left the decode batch (unknown ids are ignored)."""
         for rid in rids:
+            self._restart.discard(rid)
             if self._ctx_len.pop(rid, None) is not None:
                 self.cache.finish_request(rid)
 
@@ -188,3 +204,4 @@ class LookaheadDrafter:
         """Drops every request and all history (SGLang's `clear_cache_pool`)."""
         self.cache = self._new_cache()
         self._ctx_len.clear()
+        self._restart.clear()
