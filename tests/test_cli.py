@@ -193,6 +193,9 @@ def test_demo_rows_summary_json_and_plot(tmp_path):
     assert "yes" in demo.format_row(rows[0])
     demo.plot(rows, summary, str(tmp_path / "p.png"), "float32")
     assert (tmp_path / "p.png").stat().st_size > 1000
+    # A generation config that asks for sampling: both sides of the demo stay greedy.
+    model.generation_config.do_sample, model.generation_config.temperature = True, 0.7
+    assert all(r.identical for r in demo.run(model, tok, prompts, max_new_tokens=12, budget=6))
 
 
 def test_demo_main_writes_json(tmp_path, monkeypatch, capsys):

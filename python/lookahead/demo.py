@@ -154,11 +154,12 @@ def run(
     # Warm-up: first calls pay one-off costs (thread pools, allocator) that are not decoding.
     warm = chat_ids(tokenizer, "Say hello.")
     plain_generate(model, warm, 4)
-    gen.generate(warm, max_new_tokens=4)
+    gen.generate(warm, max_new_tokens=4, do_sample=False)
     for p in prompts:
         ids = chat_ids(tokenizer, p["turns"][0])
         plain_ids, plain_s = plain_generate(model, ids, max_new_tokens)
-        res = gen.generate(ids, max_new_tokens=max_new_tokens)
+        # Greedy, as plain_generate (a model's generation config may ask for sampling).
+        res = gen.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         s = res.stats
         yield DemoRow(
             question_id=p["question_id"],

@@ -121,10 +121,15 @@ def main(argv: list[str] | None = None) -> int:
                 out = out[0, len(ids) :].tolist()
             else:
                 if gen is not None:
-                    res = gen.generate(ids, max_new_tokens=args.max_new_tokens)
+                    res = gen.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False)
                 else:
                     res = lookahead_generate(
-                        model, ids, tok, max_new_tokens=args.max_new_tokens, **budgets
+                        model,
+                        ids,
+                        tok,
+                        max_new_tokens=args.max_new_tokens,
+                        do_sample=False,
+                        **budgets,
                     )
                 st = res.stats
                 steps = {
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if m != "lookahead" or gen is None:
             run(m, warm)
         else:
-            lookahead_generate(model, warm, tok, max_new_tokens=4)
+            lookahead_generate(model, warm, tok, max_new_tokens=4, do_sample=False)
 
     per = defaultdict(
         lambda: defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "prompts": 0, "same_as_plain": 0})
