@@ -302,7 +302,6 @@ def test_a_tree_from_a_wrong_context_gets_the_right_root_and_restarts(plugins_lo
     drafter.cache.extend("r", [42])  # the cache's context diverges from SGLang's
     tokens, _ = drafter.draft(["r"], roots)
     assert tokens[0, 0] == 9  # verify feeds the true last token: still exact
-    assert "r" not in drafter.live_requests  # restarted from its whole context next sync
     before = _history_score_after(drafter, 8)
     drafter.sync([req])
     assert drafter._ctx_len["r"] == 5
@@ -435,3 +434,34 @@ def _history_score_after(drafter, token):
     score = float(drafter.cache.draft("probe", budget=1).scores[1])
     drafter.cache.finish_request("probe")
     return score
+
+
+def test_a_restart_merges_only_the_prompt_when_keeping_prompts(plugins_loaded):
+    """With keep_prompt_as_history, a restarted request's prompt reaches the shared history
+    once, at its finish, as for a request never restarted (not its whole context, not twice)."""
+
+    def history_after(restart):
+        drafter = make_worker(width=6, breadth=1, keep_prompt_as_history=True).drafter
+        req = make_req("r", [5, 6, 7, 8], [9, 10, 11])
+        roots = drafter.sync([req])
+        if restart:
+            drafter.cache.extend("r", [42])  # a wrong context: restarted at the next sync
+            drafter.draft(["r"], roots)
+            drafter.sync([req])
+        drafter.finish(["r"])
+        return [_history_score_after(drafter, t) for t in (6, 9)]
+
+    assert history_after(True) == history_after(False)
+
+
+def test_a_relay_shorter_than_sglangs_length_warns_and_drafts_on(plugins_loaded, caplog):
+    width = 6
+    worker = make_worker(width=width, overlap=True)
+    req = make_req("s", [1, 2, 3, 4], [5])
+    buf = torch.zeros(width, dtype=torch.int64)
+    buf[0] = 6
+    relay = SimpleNamespace(accept_tokens=buf, accept_lens=torch.tensor([1]))
+    with caplog.at_level("WARNING"):
+        tokens, _ = worker._prepare_draft_tokens(make_batch([req], relay, [3]))
+    assert "the overlap relay only 1" in caplog.text
+    assert tokens[0, 0] == 6  # the row is used whole; no crash of the scheduler

@@ -50,9 +50,12 @@ class LookaheadDrafter:
         self.cache = self._new_cache()
         # rid -> number of context tokens (prompt + outputs) the cache has seen.
         self._ctx_len: dict[Any, int] = {}
-        # Requests to start again from their whole context, whose outputs so far already
-        # reached the shared history (a retraction, a context found wrong).
+        # Requests whose context the cache got wrong: started again from their whole
+        # context at the next `sync`.
         self._restart: set = set()
+        # Restarted requests' own prompts and namespaces, merged into the shared history when
+        # they finish (with `keep_prompt_as_history`), rather than their whole context.
+        self._merge_prompt: dict[Any, tuple[np.ndarray, str]] = {}
 
     def _new_cache(self) -> LookaheadCache:
         c = self.config
@@ -110,20 +113,20 @@ class LookaheadDrafter:
             total = n_prompt + n_out + len(extra)
             roots[i] = extra[-1] if len(extra) else outputs[-1] if n_out else prompt[-1]
             seen = self._ctx_len.get(req.rid)
-            if seen is not None and seen > total:
-                # The context shrank (a retracted request re-admitted): start it again.
-                self.cache.finish_request(req.rid)
-                del self._ctx_len[req.rid]
-                self._restart.add(req.rid)
-                seen = None
-            if seen is None and req.rid in self._restart:
-                # The whole context indexed as its own trie's prompt: its outputs so far are
-                # in the shared history already and must not be counted there twice.
+            if seen is not None and (seen > total or req.rid in self._restart):
+                # The context shrank (a retracted request re-admitted) or was found wrong:
+                # start again, the whole context indexed as its own trie's prompt. Its
+                # outputs so far are in the shared history already, and nothing is merged
+                # there now: at its finish, its own prompt is (if configured).
+                ns = self.namespace_of(req)
+                self.cache.finish_request(req.rid, keep_prompt=False)
                 self._restart.discard(req.rid)
+                if self.config.keep_prompt_as_history:
+                    self._merge_prompt[req.rid] = (np.array(prompt, dtype=np.int64), ns)
                 context = np.concatenate(
                     [_ids(prompt), _ids(outputs[:]), np.asarray(extra, dtype=np.int64)]
                 )
-                self.cache.start_request(req.rid, context, namespace=self.namespace_of(req))
+                self.cache.start_request(req.rid, context, namespace=ns)
                 seen = self._ctx_len[req.rid] = total
             elif seen is None:
                 self.cache.start_request(req.rid, _ids(prompt), namespace=self.namespace_of(req))
@@ -153,7 +156,7 @@ class LookaheadDrafter:
         Returns `tokens`, `parents`: int32 `[len(rids), N]`, node 0 the context's last token.
         With `roots` (what `sync` returned), a tree whose root is not its request's last
         verified token is a context the cache got wrong: its root is set right (verification
-        then stays exact; only its drafts are off) and the request is restarted from its
+        then stays exact; only its drafts are off) and the request is started again from its
         whole context at the next `sync`.
         """
         c = self.config
@@ -180,17 +183,21 @@ class LookaheadDrafter:
                     rids[int(wrong[0])],
                 )
                 tokens[wrong, 0] = roots[wrong].astype(np.int32)
-                again = [rids[int(i)] for i in wrong]
-                self.finish(again)
-                self._restart.update(again)
+                self._restart.update(rids[int(i)] for i in wrong)
         return tokens, bd.parents
 
     def finish(self, rids: Sequence[Any]) -> None:
         """Ends the requests that left the decode batch (unknown ids are ignored)."""
         for rid in rids:
             self._restart.discard(rid)
-            if self._ctx_len.pop(rid, None) is not None:
+            merge = self._merge_prompt.pop(rid, None)
+            if self._ctx_len.pop(rid, None) is None:
+                continue
+            if merge is None:
                 self.cache.finish_request(rid)
+            else:  # restarted: its cache prompt is its whole context; merge only its prompt
+                self.cache.finish_request(rid, keep_prompt=False)
+                self.cache.add_history([merge[0]], namespace=merge[1])
 
     # NGRAMWorker's names for the same operations (it calls them on `self.ngram_corpus`).
     def erase_match_state(self, rids: Sequence[Any]) -> None:
@@ -205,3 +212,4 @@ class LookaheadDrafter:
         self.cache = self._new_cache()
         self._ctx_len.clear()
         self._restart.clear()
+        self._merge_prompt.clear()
