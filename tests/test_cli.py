@@ -141,6 +141,15 @@ def test_parser_defaults():
     assert args.dtype == "auto" and args.device == "cpu"
     assert args.categories is None  # rag,summarization of the sample; all of a --prompts file
     assert args.budget is None and args.max_budget is None and not args.single_branch
+    # generate's sampling options left unset follow the model's generation config (as HF).
+    gen = cli.build_parser().parse_args(["generate", "--prompt", "x"])
+    assert (gen.sample, gen.temperature, gen.top_k, gen.top_p, gen.repetition_penalty) == (
+        (None,) * 5
+    )
+    assert cli.build_parser().parse_args(["generate", "--prompt", "x", "--greedy"]).sample is False
+    assert cli.build_parser().parse_args(["generate", "--prompt", "x", "--sample"]).sample is True
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["generate", "--prompt", "x", "--sample", "--greedy"])
 
 
 def test_shipped_sample_and_attribution():

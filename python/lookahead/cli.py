@@ -96,21 +96,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-new-tokens", type=int, default=256, help="new tokens, at most (default 256)"
     )
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    gen.add_argument(
-        "--temperature", type=float, default=1.0, help="sampling temperature, > 0 (default 1)"
+    # Unset sampling options follow the model's generation config, as HF `generate` does.
+    mode = gen.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--sample",
+        dest="sample",
+        action="store_true",
+        default=None,
+        help="sample (default: as the model's generation config says, else greedy)",
+    )
+    mode.add_argument(
+        "--greedy", dest="sample", action="store_false", help="greedy decoding, whatever the config"
     )
     gen.add_argument(
-        "--top-k", type=int, default=0, help="sample from the k likeliest tokens (0: all)"
+        "--temperature", type=float, help="sampling temperature, > 0 (default: config, else 1)"
     )
     gen.add_argument(
-        "--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (default 1)"
+        "--top-k", type=int, help="sample from the k likeliest tokens (0: all; default: config)"
+    )
+    gen.add_argument(
+        "--top-p", type=float, help="nucleus sampling mass, in (0, 1] (default: config, else 1)"
     )
     gen.add_argument(
         "--repetition-penalty",
         type=float,
-        default=1.0,
-        help="HF's repetition penalty, > 0 (default 1: none); greedy or sampled",
+        help="HF's repetition penalty, > 0 (default: config, else 1: none); greedy or sampled",
     )
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -204,10 +214,18 @@ def _check_args(args) -> str | None:
     if args.command == "generate":
         from lookahead.sampling import SamplingConfig
 
-        try:
-            SamplingConfig(
-                args.sample, args.temperature, args.top_k, args.top_p, args.repetition_penalty
+        given = {
+            k: v
+            for k, v in (
+                ("temperature", args.temperature),
+                ("top_k", args.top_k),
+                ("top_p", args.top_p),
+                ("repetition_penalty", args.repetition_penalty),
             )
+            if v is not None
+        }
+        try:  # the values given (the model's config is checked when it is read)
+            SamplingConfig(True, **given)
         except ValueError as e:
             return f"--{str(e).replace('_', '-')}"
     return None
