@@ -191,14 +191,15 @@ def _generate(args) -> int:
 
 def _check_args(args) -> str | None:
     """What is wrong with the arguments (checked before the model loads), or None."""
-    from lookahead._core import MAX_BUDGET, MAX_DEPTH
+    from lookahead._core import MAX_DEPTH
 
     if args.max_new_tokens < 1:
         return "--max-new-tokens must be >= 1"
-    for knob in ("budget", "max_budget"):
-        v = getattr(args, knob)
-        if v is not None and not 0 <= v <= MAX_BUDGET:
-            return f"--{knob.replace('_', '-')} must be in [0, {MAX_BUDGET}], got {v}"
+    from lookahead.bench.harness import budget_problem
+
+    problem = budget_problem(args)
+    if problem:
+        return problem
     if not 2 <= args.depth <= MAX_DEPTH:
         return f"--depth must be in [2, {MAX_DEPTH}], got {args.depth}"
     if args.min_draft_score is not None and not 0 <= args.min_draft_score < float("inf"):

@@ -279,6 +279,8 @@ class LookaheadGenerator:
         self._additive_mask = attn == "eager"
         self._dtype = dtype
         self._device = next(model.parameters()).device
+        # Token ids the model embeds: prompts are checked against it, drafts pruned to it.
+        self._vocab = model.get_input_embeddings().weight.shape[0]
 
     # -- input handling -------------------------------------------------------------------
     def encode(self, prompt, chat: bool = False) -> list:
@@ -339,7 +341,7 @@ class LookaheadGenerator:
             return []
         if a.dtype.kind not in "iu":
             raise ValueError(f"token ids must be integers, got dtype {a.dtype}")
-        vocab = self.model.get_input_embeddings().weight.shape[0]
+        vocab = self._vocab
         lo, hi = int(a.min()), int(a.max())
         if lo < 0 or hi >= vocab:
             raise ValueError(
@@ -363,7 +365,7 @@ class LookaheadGenerator:
                 value = getattr(gc, name, None)
             return default if value is None else value
 
-        do_sample = _check_bool("do_sample", pick(do_sample, "do_sample", False))
+        do_sample = pick(do_sample, "do_sample", False)  # SamplingConfig checks it
         if not do_sample:  # HF ignores the config's warpers when greedy (given ones are checked)
             temperature = 1.0 if temperature is None else temperature
             top_k = 0 if top_k is None else top_k
@@ -469,7 +471,7 @@ class LookaheadGenerator:
         self, rid, ids, max_new, cfg, seed, eos, stop_ids, text, on_tokens, budgets, mb, stats
     ):
         model, dev = self.model, self._device
-        vocab = model.get_input_embeddings().weight.shape[0]
+        vocab = self._vocab
         perf = time.perf_counter
         t0 = perf()
         kv = new_cache(model)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lookahead.cache import _is_int
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -30,9 +32,7 @@ class SamplingConfig:
             v = getattr(self, name)
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
                 raise ValueError(f"{name} must be a number, got {v!r}")
-        if isinstance(self.top_k, (bool, np.bool_)) or not isinstance(
-            self.top_k, (int, np.integer)
-        ):
+        if not _is_int(self.top_k):
             raise ValueError(f"top_k must be an int, got {self.top_k!r}")
         if not 0 < self.temperature < float("inf"):
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")

@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 
 from lookahead.bench.harness import (
+    budget_problem,
     check_outputs,
     command_line,
     header,
@@ -64,12 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the full results here")
     args = p.parse_args(argv)
     check_outputs(args.json, args.plot)
-    from lookahead._core import MAX_BUDGET
-
-    for knob in ("budget", "max_budget"):
-        v = getattr(args, knob)
-        if v is not None and not 0 <= v <= MAX_BUDGET:
-            p.error(f"--{knob.replace('_', '-')} must be in [0, {MAX_BUDGET}], got {v}")
+    problem = budget_problem(args)
+    if problem:
+        p.error(problem)
     if args.threads < 0:
         p.error(f"--threads must be >= 0, got {args.threads}")
 

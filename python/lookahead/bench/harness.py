@@ -142,6 +142,18 @@ def positive_ints(text: str) -> list[int]:
     return [positive_int(x) for x in parts]
 
 
+def budget_problem(args) -> str | None:
+    """What is wrong with `args.budget` / `args.max_budget` (each None or in
+    [0, MAX_BUDGET]), or None: the check the `lookahead` command and `bench e2e` share."""
+    from lookahead._core import MAX_BUDGET
+
+    for knob in ("budget", "max_budget"):
+        v = getattr(args, knob)
+        if v is not None and not 0 <= v <= MAX_BUDGET:
+            return f"--{knob.replace('_', '-')} must be in [0, {MAX_BUDGET}], got {v}"
+    return None
+
+
 def check_outputs(*paths) -> None:
     """Fails now, before any slow work, if an output file could not be written later: its
     folder is created if missing and must be writable."""

@@ -19,7 +19,12 @@ from sglang.srt.arg_groups.overrides import record_of, resolving_view
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from lookahead.sglang.config import LookaheadConfigError, ServingConfig, read_env
+from lookahead.sglang.config import (
+    LookaheadConfigError,
+    ServingConfig,
+    read_env,
+    refuse_external_corpus,
+)
 
 __all__ = ["ALGORITHM_NAME", "LookaheadSpecAlgo", "register_algorithm", "unwrap_record"]
 
@@ -104,16 +109,10 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
                 "(neither does SGLang's NGRAM, whose verify path it uses); remove "
                 "--attn-dp-size / --enable-dp-attention"
             )
-        if getattr(cfg, "speculative_ngram_external_corpus_path", None) is not None:
-            raise LookaheadConfigError(
-                "--speculative-ngram-external-corpus-path is NGRAM-only; LOOKAHEAD does not "
-                "load SGLang's external corpora"
-            )
+        refuse_external_corpus(cfg)
         _handle_ngram(record)
         view = resolving_view(record)
-        config = ServingConfig.from_args(view, read_env().config_json)
-        ranks = int(getattr(view, "tp_size", 1) or 1) * int(getattr(view, "pp_size", 1) or 1)
-        config = config.for_ranks(ranks)
+        config = ServingConfig.for_server(view, view, read_env().config_json)
         logger.info("lookahead: %s resolved to %s", ALGORITHM_NAME, config.as_dict())
 
 

@@ -103,6 +103,17 @@ def _parse_extra(config_json: str | None) -> dict[str, Any]:
     return extra
 
 
+def refuse_external_corpus(spec: Any) -> None:
+    """NGRAM's external corpora are not LOOKAHEAD's: refuse `--speculative-ngram-external-
+    corpus-path` (the launcher checks it before NGRAM's own defaults, which would fail on it
+    with a message about NGRAM's settings)."""
+    if getattr(spec, "speculative_ngram_external_corpus_path", None) is not None:
+        raise LookaheadConfigError(
+            "--speculative-ngram-external-corpus-path is NGRAM-only; LOOKAHEAD does not "
+            "load SGLang's external corpora"
+        )
+
+
 def _number(name: str, v: Any, lo: float, hi: float) -> float:
     # `not lo <= v <= hi` also refuses NaN (json.loads reads NaN and Infinity).
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
@@ -239,6 +250,17 @@ class ServingConfig:
             ),
             history_skip=_skip(extra["history_skip"]),
         )
+
+    @classmethod
+    def for_server(cls, spec: Any, server_args: Any, config_json: str | None) -> ServingConfig:
+        """The config of a server: `from_args` on its speculative arguments `spec`, NGRAM's
+        external corpora refused, and `for_ranks` its model ranks (`server_args`' TP x PP).
+        The launcher and each scheduler's worker resolve it alike."""
+        refuse_external_corpus(spec)
+        ranks = int(getattr(server_args, "tp_size", 1) or 1) * int(
+            getattr(server_args, "pp_size", 1) or 1
+        )
+        return cls.from_args(spec, config_json).for_ranks(ranks)
 
     def for_ranks(self, ranks: int) -> ServingConfig:
         """This config for `ranks` model ranks (TP x PP), each drafting for itself: they

@@ -52,11 +52,6 @@ class LookaheadWorker(NGRAMWorker):
         # a node pool we do not use.
         BaseSpecWorker.__init__(self)
         spec = get_spec()
-        if spec.speculative_ngram_external_corpus_path is not None:
-            raise LookaheadConfigError(
-                "--speculative-ngram-external-corpus-path is NGRAM-only; LOOKAHEAD does not "
-                "load SGLang's external corpora"
-            )
         self.server_args = server_args
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner
@@ -66,9 +61,7 @@ class LookaheadWorker(NGRAMWorker):
         self.topk = spec.speculative_eagle_topk
         self.speculative_num_steps = spec.speculative_num_steps
         self.adaptive_controller = None
-        config = ServingConfig.from_args(spec, read_env().config_json)
-        ranks = int(getattr(server_args, "tp_size", 1)) * int(getattr(server_args, "pp_size", 1))
-        config = config.for_ranks(ranks)
+        config = ServingConfig.for_server(spec, server_args, read_env().config_json)
         self._init_lookahead(
             config,
             device=get_device().device,
