@@ -32,9 +32,8 @@ import numpy as np
 from lookahead import LookaheadCache
 from lookahead.bench.harness import run_script
 from lookahead.bench.peers.vllm_ngram import find_longest_matched_ngram
+from lookahead.bench.traces import DEFAULT_QUESTIONS
 from lookahead.bench.trie import (
-    DEFAULT_DATA,
-    PACKAGED_DATA,
     fill_history,
     spec_bench_texts,
     start_drafting_requests,
@@ -52,7 +51,7 @@ def _load(tag: str, path: str):
 
 def drafts_ab(mods: dict, rounds: int) -> int:
     """`--drafts`: both builds' drafts on the same 1M-node history and 64 requests."""
-    data = DEFAULT_DATA if DEFAULT_DATA.exists() else PACKAGED_DATA
+    data = DEFAULT_QUESTIONS
     texts = spec_bench_texts(data)
     stream = np.concatenate(texts)
     caches = {}
@@ -90,7 +89,7 @@ def main(argv: list[str]) -> int:
     n = int(argv[2]) if len(argv) > 2 else 1000
     rounds = int(argv[3]) if len(argv) > 3 else 16
     n_req, per, budget = 16, 1600, 16
-    data = DEFAULT_DATA if DEFAULT_DATA.exists() else PACKAGED_DATA
+    data = DEFAULT_QUESTIONS
     stream = np.ascontiguousarray(np.concatenate(spec_bench_texts(data)), dtype=np.int32)
     steps = per * rounds // n_req + 2
     hist_end = stream.size // 2 if history else 0

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from lookahead.bench import accept
+from lookahead.bench import accept, traces
 from lookahead.bench.peers import chain
 from lookahead.bench.traces import read_traces, select_questions, spec_bench_category
 
@@ -201,6 +201,20 @@ def test_select_questions_covers_every_category(tmp_path):
     # Only the categories asked for need enough questions.
     only = select_questions(q, 8, ["translation", "rag"])
     assert [x["category"] for x in only] == ["translation"] * 8 + ["rag"] * 8
+
+
+def test_default_questions_from_env_else_shared_else_packaged(tmp_path, monkeypatch):
+    mine = tmp_path / "mine.jsonl"
+    monkeypatch.setenv("LOOKAHEAD_SPEC_BENCH", str(mine))
+    assert traces.default_questions() == mine
+    monkeypatch.delenv("LOOKAHEAD_SPEC_BENCH")
+    monkeypatch.setattr(traces, "_SHARED", tmp_path / "absent.jsonl")
+    assert traces.default_questions() == traces.PACKAGED_QUESTIONS
+    assert len(select_questions(traces.PACKAGED_QUESTIONS, 20)) == 120  # works without ../shared
+    shared = tmp_path / "q.jsonl"
+    shared.write_text("{}\n")
+    monkeypatch.setattr(traces, "_SHARED", shared)  # absolute: found under either root
+    assert traces.default_questions() == shared
 
 
 def test_chaining_past_the_copy_oracle_is_counted_not_an_error(tmp_path):

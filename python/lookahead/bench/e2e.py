@@ -34,7 +34,11 @@ METHODS = ("plain", "pld", "lookahead")
 def main(argv: list[str] | None = None) -> int:
     """Run the end-to-end comparison; see the module docstring."""
     p = argparse.ArgumentParser(prog="lookahead bench e2e", description=__doc__.split("\n")[0])
-    p.add_argument("--questions", default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
+    p.add_argument(
+        "--questions",
+        default=str(DEFAULT_QUESTIONS),
+        help=f"Spec-Bench question.jsonl (default {DEFAULT_QUESTIONS}, see $LOOKAHEAD_SPEC_BENCH)",
+    )
     p.add_argument("--per-category", type=positive_int, default=3, help="prompts per category")
     p.add_argument(
         "--categories", default=",".join(CATEGORIES), help="comma-separated subset to run"

@@ -28,7 +28,26 @@ from lookahead.bench.harness import check_outputs, positive_int
 
 # Spec-Bench's six task categories; MT-bench's eight subcategories count as one (`mt_bench`).
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-DEFAULT_QUESTIONS = "/work/shared/data/spec_bench/question.jsonl"
+# Spec-Bench's full question file: $LOOKAHEAD_SPEC_BENCH, else the workplace's shared data
+# beside this checkout, else the sample the package ships (120 questions, 20 per category).
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGED_QUESTIONS = _PACKAGE_DIR / "data" / "spec_bench_sample.jsonl"
+_SHARED = Path("data") / "spec_bench" / "question.jsonl"
+
+
+def default_questions() -> Path:
+    """The Spec-Bench questions a bench reads when not told: `$LOOKAHEAD_SPEC_BENCH`, else
+    `../shared/data/spec_bench/question.jsonl` beside the checkout (or /work/shared), else the
+    packaged sample."""
+    if os.environ.get("LOOKAHEAD_SPEC_BENCH"):
+        return Path(os.environ["LOOKAHEAD_SPEC_BENCH"])
+    for root in (_PACKAGE_DIR.parents[2] / "shared", Path("/work/shared")):
+        if (root / _SHARED).is_file():
+            return root / _SHARED
+    return PACKAGED_QUESTIONS
+
+
+DEFAULT_QUESTIONS = default_questions()
 # The recorded traces of this checkout (found from any working directory), else relative.
 _TRACES = "data/traces/specbench_smollm2.jsonl.gz"
 _IN_CHECKOUT = Path(__file__).resolve().parents[3] / _TRACES
@@ -104,7 +123,11 @@ def _read_done(path: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     """Record traces; see the module docstring."""
     p = argparse.ArgumentParser(prog="lookahead bench traces", description=__doc__.split("\n")[0])
-    p.add_argument("--questions", default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
+    p.add_argument(
+        "--questions",
+        default=str(DEFAULT_QUESTIONS),
+        help=f"Spec-Bench question.jsonl (default {DEFAULT_QUESTIONS}, see $LOOKAHEAD_SPEC_BENCH)",
+    )
     p.add_argument("--per-category", type=positive_int, default=20, help="questions per category")
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--model", default=None, help="local HF folder or .gguf (default model)")

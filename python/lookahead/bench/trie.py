@@ -15,8 +15,8 @@ Measures, on this machine:
   (`extend` + `draft`, and the fused `step`) at 1k / 8k / 32k-token contexts, beside vLLM's
   n-gram scan over the same contexts (`lookahead.bench.peers.hostcost`).
 
-Data: the Spec-Bench questions (`--data`, default /work/shared/data/spec_bench/question.jsonl,
-else the packaged sample) tokenized crudely (words and punctuation, ids by first appearance),
+Data: the Spec-Bench questions (`--data`, default `lookahead.bench.traces.default_questions()`:
+$LOOKAHEAD_SPEC_BENCH, the workplace's shared question.jsonl, else the packaged sample) tokenized crudely (words and punctuation, ids by first appearance),
 or `--data zipf`: a Zipf(1.1) stream over 32k ids with repeated phrases. Drafting requests
 take 1k-token slices of the same text as prompts, so their contexts occur in the history
 (a copy-heavy load: drafts fill the budget, the slow case).
@@ -42,9 +42,7 @@ from lookahead.bench.harness import (
     positive_int,
     write_json,
 )
-
-DEFAULT_DATA = Path("/work/shared/data/spec_bench/question.jsonl")
-PACKAGED_DATA = Path(__file__).resolve().parent.parent / "data" / "spec_bench_sample.jsonl"
+from lookahead.bench.traces import DEFAULT_QUESTIONS
 
 
 def spec_bench_texts(path: Path) -> list[np.ndarray]:
@@ -269,13 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.data == "zipf":
         texts, source = zipf_texts(400_000), "zipf(1.1) synthetic, 32k ids, repeated phrases"
     else:
-        path = (
-            Path(args.data)
-            if args.data
-            else DEFAULT_DATA
-            if DEFAULT_DATA.exists()
-            else PACKAGED_DATA
-        )
+        path = Path(args.data) if args.data else DEFAULT_QUESTIONS
         texts, source = spec_bench_texts(path), f"Spec-Bench questions, crude word tokens ({path})"
     stream = np.concatenate(texts)
     print(f"data: {source}: {len(texts)} texts, {stream.size} tokens")
