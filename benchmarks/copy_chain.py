@@ -10,7 +10,9 @@ of our multi-branch draft at budget B:
   `cursor`: after its first occurrence at or past an alignment cursor (where the text being
   emitted was last copied from: the occurrence of a 3+-token suffix nearest the previous
   cursor), as summaries and RAG answers follow their document in order; `any`: after the
-  occurrence whose copy is longest (hindsight among the longest suffix's occurrences).
+  occurrence whose copy is longest (hindsight among the longest suffix's occurrences);
+  `aligned` / `bag`: after the occurrence whose context before the matched suffix is most
+  like the request's own (`most_similar`; session 10).
   Our steps, so positions, stay ours: an optimistic bound for adding that chain.
 - `merge q`: a real drafter: our draft at B with its scores, plus the latest-occurrence chain
   scored `q**depth`; the best B nodes of the union are drafted (scores are monotone along
@@ -20,7 +22,7 @@ of our multi-branch draft at budget B:
   factor learnt online from how far the chain was right at this request's earlier steps
   (known from the verified tokens), shrunk towards all requests' rates (session 9).
 
-    python benchmarks/copy_chain.py [TRACES] [BUDGET]
+    python benchmarks/copy_chain.py [TRACES] [BUDGET] [--bound-only] [--width=16]
 """
 
 from __future__ import annotations
@@ -58,6 +60,35 @@ def copy_after(text: np.ndarray, latest: bool = True) -> int | None:
     return int(ends[-1] if latest else ends[0])
 
 
+WIDTH = 16  # most_similar's window (--width=N)
+
+
+def most_similar(text: np.ndarray, ends: np.ndarray, k: int, how: str) -> int:
+    """Which of `ends` (`occurrences(text)`) has the context most like `text`'s own before
+    the matched suffix: `aligned` counts equal tokens at equal distances over the `width`
+    tokens before the suffix's first mismatch (a longer match with some tokens changed);
+    `bag` counts the distinct tokens of `text`'s last `width` + suffix tokens also found in
+    the same span before the occurrence. Ties go to the latest."""
+    n, width = len(text), WIDTH
+    best, best_score = len(ends) - 1, -1
+    for i in range(len(ends) - 1, -1, -1):
+        e = int(ends[i])
+        if how == "aligned":
+            lo = max(0, width - (e - k - 1))
+            a = text[e - k - 1 - width + lo : e - k - 1]
+            b = text[n - k - 1 - width + lo : n - k - 1] if n - k - 1 - width + lo >= 0 else []
+            m = min(len(a), len(b))
+            score = int(np.sum(a[len(a) - m :] == b[len(b) - m :])) if m else 0
+        else:
+            score = len(
+                set(text[max(0, n - width - k) :].tolist())
+                & set(text[max(0, e - width - k) : e].tolist())
+            )
+        if score > best_score:
+            best, best_score = i, score
+    return best
+
+
 def common_prefix(a, b) -> int:
     m = 0
     while m < len(a) and m < len(b) and a[m] == b[m]:
@@ -68,7 +99,7 @@ def common_prefix(a, b) -> int:
 def bound(traces, budget):
     """Per category: (steps, ours, ours-or-chain for each chain) summed tokens per step."""
     cache = LookaheadCache(background_indexing=False)
-    names = ("latest", "first", "latest_all", "cursor", "any")
+    names = ("latest", "first", "latest_all", "cursor", "any", "aligned", "bag")
     seen: list[np.ndarray] = []
     acc: dict[str, np.ndarray] = {}
     for rid, req in enumerate(traces):
@@ -89,7 +120,7 @@ def bound(traces, budget):
             truth = output[pos : pos + min(budget, len(output) - pos - 1)]
             a = accepted_length(d.tokens[1:n].tolist(), (d.parents[1:n] - 1).tolist(), truth)
             row[:2] += (1, a + 1)
-            ends, _ = occurrences(ctx)
+            ends, k = occurrences(ctx)
             lens = [common_prefix(ctx[e : e + len(truth)], truth) for e in ends]
             for j, name in enumerate(names):
                 if name == "latest_all":
@@ -100,6 +131,8 @@ def bound(traces, budget):
                     m = 0
                 elif name == "any":
                     m = max(lens)
+                elif name in ("aligned", "bag"):
+                    m = lens[most_similar(ctx, ends, k, name)]
                 elif name == "cursor" and cursor is not None and ends[-1] >= cursor:
                     m = lens[int(np.searchsorted(ends, cursor))]
                 else:
@@ -208,8 +241,11 @@ class Adaptive(Merged):
 
 
 def main(argv: list[str]) -> int:
-    path = argv[0] if argv else "data/traces/specbench_smollm2.jsonl.gz"
-    budget = int(argv[1]) if len(argv) > 1 else 16
+    global WIDTH
+    args = [a for a in argv if not a.startswith("--")]
+    WIDTH = next((int(a.split("=")[1]) for a in argv if a.startswith("--width=")), WIDTH)
+    path = args[0] if args else "data/traces/specbench_smollm2.jsonl.gz"
+    budget = int(args[1]) if len(args) > 1 else 16
     traces = read_traces(path)
     names, acc = bound(traces, budget)
     cats = list(acc)
@@ -220,7 +256,9 @@ def main(argv: list[str]) -> int:
         print(f"{name:18s} " + " ".join(f"{v:.3f}" for v in vals))
     oracle = oracle_tables(traces, 32)
     drafters = [Merged(q, r) for q, r in ((0.3, None), (0.5, None), (0.7, None), (0.1, 0.7))]
-    for d in drafters + [Adaptive(4.0), Adaptive(16.0)]:
+    if "--bound-only" in argv:
+        drafters = []
+    for d in drafters + [Adaptive(4.0), Adaptive(16.0)] * bool(drafters):
         s = summarize(run_drafter(d, traces, oracle, budget))
         label = d.name.replace(" r=None", "")
         print(f"{label:18s} " + " ".join(f"{s[c]['al']:.3f}" for c in cats + ["overall"]))
