@@ -15,7 +15,7 @@ install:  ## build and install the wheel with the HF engine (torch, transformers
 
 .PHONY: demo
 demo: install  ## install, fetch the default model, run `lookahead demo`
-	lookahead demo
+	$(PY) -m lookahead.cli demo
 
 .PHONY: dev
 dev:  ## editable install with test and lint tools, and SGLang 0.5.23 without its CUDA deps

@@ -20,8 +20,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=DTYPES,
         default="auto",
-        help="compute dtype; auto = bfloat16 where the CPU has native bf16 (AVX512-BF16/AMX), "
-        "else float32 (emulated bf16 costs ~linearly in the rows a draft tree adds)",
+        help="compute dtype; auto = bfloat16 on a bf16-capable CUDA GPU or a CPU with native bf16 "
+        "(AVX512-BF16/AMX), else float32 (emulated bf16 costs ~linearly in the rows a draft "
+        "tree adds)",
     )
     p.add_argument(
         "--device",

@@ -68,7 +68,7 @@ class GenerationStats:
     accepted: list = field(default_factory=list)  # accepted draft tokens per step (bonus excluded)
     draft_nodes: list = field(default_factory=list)  # drafted nodes per step (root excluded)
     skipped_drafts: int = 0  # drafts dropped as unlikely to pay (see `min_draft_score`)
-    prefill_s: float = 0.0  # trie indexing start + the prompt forward
+    prefill_s: float = 0.0  # the prompt forward (the cache's start_request is in total_s only)
     draft_s: float = 0.0  # LookaheadCache.draft
     mask_s: float = 0.0  # tree metadata, input tensors, 4-D mask
     forward_s: float = 0.0  # the model forward over the tree

@@ -6,7 +6,8 @@ not depend on timing: the acceptance simulator (`lookahead bench accept`) replay
 through every drafter without running the model again.
 
 The output is gzip'd JSON lines, one request per line:
-`{"question_id", "category", "subcategory", "prompt_ids", "output_ids"}` (ids only, no text).
+`{"question_id", "category", "subcategory", "prompt_ids", "output_ids", "eos_token_id"}` (ids
+only, no text).
 The run appends line by line and resumes from a partial file, so a killed run loses at most one
 request.
 """
