@@ -201,6 +201,14 @@ def test_select_questions_covers_every_category(tmp_path):
     # Only the categories asked for need enough questions.
     only = select_questions(q, 8, ["translation", "rag"])
     assert [x["category"] for x in only] == ["translation"] * 8 + ["rag"] * 8
+    # A held-out selection leaves out the questions of earlier traces.
+    first = select_questions(q, 2, ["rag"])
+    rest = select_questions(q, 6, ["rag"], exclude=frozenset(x["question_id"] for x in first))
+    assert len(rest) == 6 and not {x["question_id"] for x in rest} & {
+        x["question_id"] for x in first
+    }
+    with pytest.raises(ValueError, match="left after the exclusions"):
+        select_questions(q, 7, ["rag"], exclude=frozenset(x["question_id"] for x in first))
 
 
 def test_default_questions_from_env_else_shared_else_packaged(tmp_path, monkeypatch):

@@ -61,10 +61,13 @@ def spec_bench_category(raw: str) -> str:
 
 
 def select_questions(
-    path: str | os.PathLike, per_category: int, categories: Sequence[str] = CATEGORIES
+    path: str | os.PathLike,
+    per_category: int,
+    categories: Sequence[str] = CATEGORIES,
+    exclude: frozenset = frozenset(),
 ) -> list[dict]:
     """`per_category` questions of each of `categories`, evenly spaced through the file
-    (deterministic).
+    (deterministic), among those whose `question_id` is not in `exclude`.
 
     Evenly spaced rather than the first N so that `mt_bench` covers all eight subcategories.
     """
@@ -75,12 +78,16 @@ def select_questions(
         for line in f:
             if line.strip():
                 q = json.loads(line)
-                by_cat[spec_bench_category(q["category"])].append(q)
+                if q["question_id"] not in exclude:
+                    by_cat[spec_bench_category(q["category"])].append(q)
     picked = []
     for cat in categories:
         qs = by_cat[cat]
         if len(qs) < per_category:
-            raise ValueError(f"{path}: category {cat} has {len(qs)} questions < {per_category}")
+            left = " left after the exclusions" if exclude else ""
+            raise ValueError(
+                f"{path}: category {cat} has {len(qs)} questions{left} < {per_category}"
+            )
         step = len(qs) / per_category
         picked += [qs[int(i * step)] for i in range(per_category)]
     return picked
@@ -140,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         help="prompts per generate call (left padded); 1 is exact batch-1 greedy",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="TRACES",
+        help="leave out the questions of this trace file (repeatable): a held-out set",
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help="the trace file to write")
     p.add_argument("--json", default=None, help="write run metadata (command, model, timing)")
     args = p.parse_args(argv)
@@ -152,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    questions = select_questions(args.questions, args.per_category)
+    try:
+        exclude = frozenset(r["question_id"] for f in args.exclude for r in read_traces(f))
+        questions = select_questions(args.questions, args.per_category, exclude=exclude)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"lookahead bench traces: {err}") from None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
