@@ -114,7 +114,7 @@ def test_eos_inside_an_accepted_draft(as_stop_token):
     model = tiny_model("llama", seed=6)
     ids = [20, 21, 22, 20, 21, 22, 20]
     ref = hf_generate(model, ids, 30)
-    p = _first_new_position(ref, 3)
+    p = _first_new_position(ref, 1)
     stop = ref[p]
     cache = ScriptedCache(ids + ref, VOCAB, chain=8)
     kw = {"stop_token_ids": [stop], "eos_token_id": None} if as_stop_token else {}
@@ -123,9 +123,10 @@ def test_eos_inside_an_accepted_draft(as_stop_token):
     )
     assert res.ids == hf_generate(model, ids, 30, eos_token_id=stop) == ref[: p + 1]
     assert res.finish_reason == ("stop_token" if as_stop_token else "eos")
-    assert res.stats.steps < len(res.ids)  # the stop token came inside a multi-token step
-    # Drafts accepted past the stop token were not output: not counted.
-    assert sum(res.stats.accepted) <= len(res.ids) - (res.stats.steps - 1)
+    # The stop token was a draft accepted in the first step, with drafts accepted past it:
+    # those were not output, so not counted (every output token was an accepted draft).
+    assert res.stats.steps == 1 and res.stats.draft_nodes[0] > len(res.ids)
+    assert res.stats.accepted == [len(res.ids)]
 
 
 def test_default_eos_comes_from_the_generation_config():

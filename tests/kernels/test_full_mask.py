@@ -69,35 +69,43 @@ def test_layout_by_hand():
     )
 
 
+def _guarded_launch(parents, num_nodes, seq_lens, total):
+    """The full-mask kernel writing a `total`-entry output that is a view into a buffer with
+    guard bytes on both sides; returns whether both guards are still zero."""
+    from kernel_trees import DEVICE
+    from lookahead.kernels._jit import next_pow2
+    from lookahead.kernels.full_mask import _full_mask_kernel
+
+    bs, width = parents.shape
+    guarded = torch.zeros(64 + total + 256, dtype=torch.int8, device=DEVICE)
+    _full_mask_kernel[(bs, width)](
+        parents.to(DEVICE),
+        num_nodes.to(DEVICE),
+        seq_lens.to(DEVICE),
+        guarded[64 : 64 + total],
+        total,
+        width,
+        BLOCK_W=next_pow2(width),
+        BLOCK_B=bs,
+        BLOCK_S=1024,
+        num_warps=4,
+    )
+    return not guarded[:64].any() and not guarded[64 + total :].any()
+
+
 def test_wrong_seq_lens_sum_never_writes_out_of_bounds():
     parents = torch.tensor([[-1, 0, 1]], dtype=torch.int32)
     num_nodes = torch.tensor([3], dtype=torch.int32)
+    # On an output sized from a wrong seq_lens_sum (10 for 50), no store lands past it.
+    assert _guarded_launch(parents, num_nodes, torch.tensor([50]), 3 * (10 + 3))
     out = build_full_mask_triton(parents, num_nodes, torch.tensor([50]), seq_lens_sum=10)
-    assert out.numel() == 3 * (10 + 3)  # sized from the (wrong) hint; stores were bounded
+    assert out.numel() == 3 * (10 + 3)  # the launcher sizes it from the hint
 
 
 def test_negative_seq_lens_never_write_below_the_output():
     # Unvalidated input (the CUDA default): a negative length must not move any store below
     # the output buffer, which is a view into a guarded one here.
-    from kernel_trees import DEVICE
-    from lookahead.kernels._jit import next_pow2
-    from lookahead.kernels.full_mask import _full_mask_kernel
-
-    parents = torch.tensor([[-1, 0], [-1, 0]], dtype=torch.int32, device=DEVICE)
-    num_nodes = torch.tensor([2, 2], dtype=torch.int32, device=DEVICE)
-    seq_lens = torch.tensor([-7, 9], device=DEVICE)
-    total = 2 * (int(seq_lens.sum()) + 2 * 2)
-    guarded = torch.zeros(64 + total + 64, dtype=torch.int8, device=DEVICE)
-    _full_mask_kernel[(2, 2)](
-        parents,
-        num_nodes,
-        seq_lens,
-        guarded[64 : 64 + total],
-        total,
-        2,
-        BLOCK_W=next_pow2(2),
-        BLOCK_B=2,
-        BLOCK_S=1024,
-        num_warps=4,
-    )
-    assert not guarded[:64].any() and not guarded[64 + total :].any()
+    parents = torch.tensor([[-1, 0], [-1, 0]], dtype=torch.int32)
+    num_nodes = torch.tensor([2, 2], dtype=torch.int32)
+    seq_lens = torch.tensor([-7, 9])
+    assert _guarded_launch(parents, num_nodes, seq_lens, 2 * (int(seq_lens.sum()) + 2 * 2))

@@ -67,6 +67,12 @@ def batch(n: int):
     return tokens, parents, num_nodes, TARGET.expand(n, W, V).contiguous()
 
 
+def res_nodes(res, b: int) -> list[int]:
+    """The nodes whose draws row `b` used: the root and its accepted path."""
+    k = int(res.num_accepted[b])
+    return res.accepted_nodes[b, : k + 1].tolist()
+
+
 def emitted(tokens, res) -> list[tuple[int, ...]]:
     out = []
     for b in range(tokens.shape[0]):
@@ -148,3 +154,19 @@ def test_uniforms_drive_the_draws():
     a = verify_sampling(tokens, parents, num_nodes, probs, u)
     b = verify_sampling(tokens, parents, num_nodes, probs, u.clone())
     assert torch.equal(a.accepted_nodes, b.accepted_nodes) and torch.equal(a.bonus, b.bonus)
+    # The root's uniform picks its draw by inverse CDF over [0.30, 0.35, 0.20, 0.15]: 0.1 ->
+    # token 0 (node 1 accepted), 0.99 -> token 3 (no such child: the bonus, nothing accepted).
+    tokens, parents, num_nodes, probs = batch(2)
+    u = torch.full((2, W), 0.5)
+    u[0, 0], u[1, 0] = 0.1, 0.99
+    res = emitted(tokens, verify_sampling(tokens, parents, num_nodes, probs, u))
+    assert res[0][0] == 0 and res[1] == (3,)
+    # Uniforms of nodes off the accepted path change nothing.
+    off = [
+        i
+        for i in range(W)
+        if i not in res_nodes(verify_sampling(tokens, parents, num_nodes, probs, u), 0)
+    ]
+    v = u.clone()
+    v[0, off] = 1.0 - v[0, off]
+    assert emitted(tokens, verify_sampling(tokens, parents, num_nodes, probs, v))[0] == res[0]

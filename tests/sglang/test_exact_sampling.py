@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from types import SimpleNamespace
 
 import pytest
@@ -145,3 +146,41 @@ def test_only_lookahead_cuda_sampling_batches_take_our_path(plugins_loaded):
         == "sglang"
     )
     assert len(calls) == 2 and calls[1][1] == {"watermark_state": None}
+
+
+def test_cuda_sampling_batches_take_our_path_unless_sglang_must(plugins_loaded, monkeypatch):
+    import sglang.srt.runtime_context as runtime_context
+    from lookahead.sglang import patches, verify
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    # As a worker with exact_sampling does; then SGLang's own call site must reach our hook
+    # (HookRegistry only logs a target it cannot resolve).
+    patches.register_patch("exact_sampling")
+    HookRegistry.apply_hooks()
+    module, _, name = patches.SAMPLE_TARGET.rpartition(".")
+    sample = getattr(importlib.import_module(module), name)
+    spec = SimpleNamespace(speculative_use_rejection_sampling=False)
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
+    monkeypatch.setattr(verify, "exact_tree_sample", lambda vi, b, lo: "ours")
+    # A CUDA tree without a GPU: only `is_cuda` is read before the sampler.
+    vi = verify.LookaheadVerifyInput.__new__(verify.LookaheadVerifyInput)
+    vi.exact_sampling, vi.tree_tokens = True, SimpleNamespace(is_cuda=True)
+    info = SimpleNamespace(is_all_greedy=False, has_watermark_candidates=True)
+    batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, sampling_info=info)
+
+    def original(*args, **kwargs):
+        return "sglang"
+
+    assert patches._exact_sampling(original, vi, batch, "logits", None) == "ours"
+    assert sample(vi, batch, "logits", None) == "ours"
+    # Each feature only SGLang's sampler handles sends the batch there.
+    assert patches._exact_sampling(original, vi, batch, "logits", "grammar") == "sglang"
+    assert patches._exact_sampling(original, vi, batch, "l", None, watermark_state=1) == "sglang"
+    spec.speculative_use_rejection_sampling = True
+    assert patches._exact_sampling(original, vi, batch, "logits", None) == "sglang"
+    spec.speculative_use_rejection_sampling = False
+    vi.exact_sampling = False
+    assert patches._exact_sampling(original, vi, batch, "logits", None) == "sglang"
+    vi.exact_sampling, info.is_all_greedy = True, True
+    assert patches._exact_sampling(original, vi, batch, "logits", None) == "sglang"
