@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from lookahead import LookaheadCache
 from reference_trie import ReferenceCache
 
-# Mostly a small alphabet (n-grams repeat, trees branch); sometimes ids up to 40 with a
-# skew, so nodes get more than 8 children and the ranked side tables are exercised.
+# Mostly a small alphabet (n-grams repeat, trees branch); sometimes squares up to 144 with a
+# skew. Nodes with more than 8 children (ranked side tables) come from the `hub` op.
 token = st.one_of(st.integers(0, 3), st.integers(0, 12).map(lambda i: i * i))
 tokens = st.lists(token, min_size=1, max_size=24)
 namespaces = st.sampled_from(["default", "b"])
@@ -27,6 +27,14 @@ op = st.one_of(
     st.tuples(st.just("finish"), st.integers(0, 3), st.sampled_from([None, True, False])),
     st.tuples(st.just("history"), st.lists(tokens, max_size=3), namespaces),
     st.tuples(st.just("draft"), st.integers(0, 3), st.integers(1, 12), st.booleans()),
+    # History where token 2 is followed by 9-20 distinct tokens (a ranked, wide n-gram),
+    # then a live request ends on 2 and drafts from it.
+    st.tuples(
+        st.just("hub"),
+        st.integers(0, 3),
+        st.lists(st.integers(50, 90), min_size=9, max_size=20, unique=True),
+        namespaces,
+    ),
 )
 
 weights = st.sampled_from([(1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (2.0, 0.5), (0.3, 1.7)])
@@ -80,6 +88,14 @@ def test_drafts_match_reference(depth, w, keep, background, skip, ops):
             ref.add_history(o[1], namespace=o[2])
         elif kind == "draft" and o[1] in ref.requests:
             assert_same_draft(cache, ref, o[1], o[2], o[3])
+        elif kind == "hub":
+            texts = [[2, x, 2, x] for x in o[2]]
+            cache.add_history(texts, namespace=o[3])
+            ref.add_history(texts, namespace=o[3])
+            if o[1] in ref.requests:
+                cache.extend(o[1], [2])
+                ref.extend(o[1], [2])
+                assert_same_draft(cache, ref, o[1], 12, True)
         cache.check_invariants()
     for rid in sorted(ref.requests):
         for budget, multi in ((1, False), (6, False), (6, True), (12, True)):
