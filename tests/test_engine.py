@@ -496,10 +496,11 @@ def test_low_score_drafts_are_dropped_and_output_unchanged():
 
 
 def test_cpu_default_cost_gate(monkeypatch):
-    import lookahead.engine
-
-    monkeypatch.setattr(lookahead.engine, "DEFAULT_MIN_DRAFT_SCORE", {"cpu": 0.85})
+    monkeypatch.undo()  # the shipped defaults, not verify_every_draft's
+    # On CPU a draft must be likely enough to pay for its rows; elsewhere every draft runs.
     assert LookaheadGenerator(tiny_model("llama")).min_draft_score == 0.85
+    assert LookaheadGenerator(tiny_model("llama").to("meta")).min_draft_score == 0.0
+    assert LookaheadGenerator(tiny_model("llama"), min_draft_score=0.2).min_draft_score == 0.2
 
 
 def test_default_budget_follows_the_device():
