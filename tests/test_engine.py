@@ -560,3 +560,18 @@ def test_budget_grows_after_a_deep_acceptance():
     assert set(spy.budgets) == {4, 12}
     with pytest.raises(ValueError, match="max_budget"):
         LookaheadGenerator(model, max_budget=1 << 17)
+
+
+def test_text_leaves_out_special_tokens_but_stop_strings_see_them():
+    from lookahead.engine import _TextTracker
+
+    tok = tiny_tokenizer(VOCAB)
+    ids = [tok.convert_tokens_to_ids(c) for c in "ok"] + [EOS_ID]
+    shown = _TextTracker(tok, [])
+    assert shown.text(ids) == "ok" and shown.delta(ids, final=True) == "ok"
+    kept = _TextTracker(tok, [], skip_special_tokens=False)
+    assert kept.text(ids) == "ok</s>" and kept.delta(ids, final=True) == "ok</s>"
+    # As in HF, a stop string is matched on the text with special tokens.
+    assert _TextTracker(tok, ["k</s>"]).stop_cut(ids, 0) == 3
+    with pytest.raises(ValueError, match="skip_special_tokens must be a bool"):
+        generate(tiny_model("llama"), [3, 4], tok, skip_special_tokens="no")

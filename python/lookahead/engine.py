@@ -116,8 +116,15 @@ class GenerationResult:
 class _TextTracker:
     """Incremental decoding of the generated ids: text deltas and stop-string search."""
 
-    def __init__(self, tokenizer, stop_strings: Sequence[str], prompt_ids: Sequence[int] = ()):
+    def __init__(
+        self,
+        tokenizer,
+        stop_strings: Sequence[str],
+        prompt_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+    ):
         self.tok = tokenizer
+        self.skip_special = skip_special_tokens
         self.stop = [s for s in stop_strings if s]
         self.max_stop = max((len(s) for s in self.stop), default=0)
         self.emitted_text = ""
@@ -127,7 +134,12 @@ class _TextTracker:
         self.lead = list(prompt_ids[-self.max_stop - 8 :]) if self.stop else []
 
     def decode(self, ids: list) -> str:
+        """The text stop strings are searched in: special tokens included, as in HF."""
         return self.tok.decode(ids, skip_special_tokens=False) if ids else ""
+
+    def text(self, ids: list) -> str:
+        """The text the caller sees (special tokens dropped unless asked to keep them)."""
+        return self.tok.decode(ids, skip_special_tokens=self.skip_special) if ids else ""
 
     def _ends_a_stop(self, text: str, prev: int) -> bool:
         """Whether a stop string occurs in `text` ending after its first `prev` characters."""
@@ -148,7 +160,7 @@ class _TextTracker:
         return len(ids)
 
     def delta(self, ids: list, final: bool) -> str:
-        text = self.decode(ids)
+        text = self.text(ids)
         # An incomplete UTF-8 sequence decodes to U+FFFD; wait for the rest unless finished.
         if not final and text.endswith("\ufffd"):
             return ""
@@ -396,6 +408,7 @@ class LookaheadGenerator:
         budget: int | None = None,
         multi_branch: bool | None = None,
         chat: bool = False,
+        skip_special_tokens: bool = True,
     ) -> GenerationResult:
         """Generate from one prompt (text or token ids); see the module docstring.
 
@@ -405,7 +418,9 @@ class LookaheadGenerator:
         only when sampling). EOS and stop token ids end the output after that token; a stop
         string ends it after the token that completes it, even one that began in the prompt
         (as HF `stop_strings`). `on_tokens(new_ids, text_delta)` is called after every step
-        (`text_delta` is "" without a tokenizer). Sampling draws output position i with the
+        (`text_delta` is "" without a tokenizer). `result.text` and the deltas leave out special
+        tokens such as the chat template's end marker unless `skip_special_tokens=False`; stop
+        strings are matched on the text with them, as HF does. Sampling draws output position i with the
         i-th uniform of a `torch.Generator` seeded with `seed` (an int in [0, 2**64); None: a
         fresh seed, leaving torch's global generator alone), so a seed gives the same output
         whatever the drafts, as plain sampling with that generator would.
@@ -424,6 +439,7 @@ class LookaheadGenerator:
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
         if on_tokens is not None and not callable(on_tokens):
             raise ValueError(f"on_tokens must be callable or None, got {on_tokens!r}")
+        skip_special_tokens = _check_bool("skip_special_tokens", skip_special_tokens)
         # A budget given here is a fixed width for this call.
         if budget is None:
             budget, max_budget = self.budget, self.max_budget
@@ -437,7 +453,9 @@ class LookaheadGenerator:
             self.multi_branch if multi_branch is None else _check_bool("multi_branch", multi_branch)
         )
         text = (
-            _TextTracker(self.tokenizer, stop_strings, ids) if self.tokenizer is not None else None
+            _TextTracker(self.tokenizer, stop_strings, ids, skip_special_tokens)
+            if self.tokenizer is not None
+            else None
         )
 
         rid = f"LookaheadGenerator-{next(_REQUEST_IDS)}"
@@ -463,7 +481,7 @@ class LookaheadGenerator:
             self.cache.finish_request(rid)
         stats.total_s = time.perf_counter() - t_start
         stats.new_tokens = len(out)
-        decoded = text.decode(out) if text is not None else None
+        decoded = text.text(out) if text is not None else None
         return GenerationResult(ids=out, text=decoded, finish_reason=reason, stats=stats)
 
     @torch.inference_mode()
