@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,13 +217,17 @@ def test_default_questions_from_env_else_shared_else_packaged(tmp_path, monkeypa
     monkeypatch.setenv("LOOKAHEAD_SPEC_BENCH", str(mine))
     assert traces.default_questions() == mine
     monkeypatch.delenv("LOOKAHEAD_SPEC_BENCH")
-    monkeypatch.setattr(traces, "_SHARED", tmp_path / "absent.jsonl")
+    # A checkout at <work>/repo: the workplace's data is <work>/shared/data/spec_bench/...
+    monkeypatch.setattr(traces, "_PACKAGE_DIR", tmp_path / "repo" / "python" / "lookahead")
+    beside = tmp_path / "shared" / traces._SHARED
+    beside.parent.mkdir(parents=True)
+    beside.write_text("{}\n")
+    assert traces.default_questions() == beside
+    monkeypatch.setattr(traces, "_SHARED", Path("data") / "absent" / "question.jsonl")
     assert traces.default_questions() == traces.PACKAGED_QUESTIONS
     assert len(select_questions(traces.PACKAGED_QUESTIONS, 20)) == 120  # works without ../shared
-    shared = tmp_path / "q.jsonl"
-    shared.write_text("{}\n")
-    monkeypatch.setattr(traces, "_SHARED", shared)  # absolute: found under either root
-    assert traces.default_questions() == shared
+    monkeypatch.setattr(traces, "_PACKAGE_DIR", Path("/lookahead"))  # a shallow install path
+    assert traces.default_questions() == traces.PACKAGED_QUESTIONS
 
 
 def test_chaining_past_the_copy_oracle_is_counted_not_an_error(tmp_path):

@@ -575,3 +575,29 @@ def test_text_leaves_out_special_tokens_but_stop_strings_see_them():
     assert _TextTracker(tok, ["k</s>"]).stop_cut(ids, 0) == 3
     with pytest.raises(ValueError, match="skip_special_tokens must be a bool"):
         generate(tiny_model("llama"), [3, 4], tok, skip_special_tokens="no")
+
+
+def test_generate_text_drops_a_special_eos_unless_asked():
+    tok = tiny_tokenizer(VOCAB)
+    model = tiny_model("llama", seed=6)
+    ids = [20, 21, 22, 20, 21, 22, 20]
+    ref = hf_generate(model, ids, 12)
+    p = _first_new_position(ref, 2)
+    eos = ref[p]
+    # The model's p-th token becomes a special token (as a chat template's end marker is).
+    tok.add_special_tokens({"additional_special_tokens": [tok.convert_ids_to_tokens(eos)]})
+    assert tok.convert_tokens_to_ids(tok.convert_ids_to_tokens(eos)) == eos
+    for skip in (True, False):
+        chunks = []
+        res = generate(
+            model,
+            ids,
+            tok,
+            max_new_tokens=12,
+            eos_token_id=eos,
+            skip_special_tokens=skip,
+            on_tokens=lambda new, delta, chunks=chunks: chunks.append(delta),
+        )
+        assert res.ids == ref[: p + 1] and res.finish_reason == "eos"
+        assert res.text == tok.decode(res.ids, skip_special_tokens=skip) == "".join(chunks)
+        assert res.text.endswith(tok.convert_ids_to_tokens(eos)) is not skip

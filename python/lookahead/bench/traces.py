@@ -42,7 +42,8 @@ def default_questions() -> Path:
     packaged sample."""
     if os.environ.get("LOOKAHEAD_SPEC_BENCH"):
         return Path(os.environ["LOOKAHEAD_SPEC_BENCH"])
-    for root in (_PACKAGE_DIR.parents[2] / "shared", Path("/work/shared")):
+    beside = [_PACKAGE_DIR.parents[2] / "shared"] if len(_PACKAGE_DIR.parents) > 2 else []
+    for root in (*beside, Path("/work/shared")):
         if (root / _SHARED).is_file():
             return root / _SHARED
     return PACKAGED_QUESTIONS
@@ -169,12 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         exclude = frozenset(r["question_id"] for f in args.exclude for r in read_traces(f))
         questions = select_questions(args.questions, args.per_category, exclude=exclude)
-    except (OSError, ValueError) as err:
+    except (OSError, EOFError, ValueError) as err:
         raise SystemExit(f"lookahead bench traces: {err}") from None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
-    done = _read_done(partial)
+    # Rows of an earlier run with another selection (other --exclude or --per-category) are
+    # dropped: the output holds exactly the questions asked for.
+    wanted = {q["question_id"] for q in questions}
+    done = [r for r in _read_done(partial) if r["question_id"] in wanted]
     done_ids = {r["question_id"] for r in done}
     # Rewrite the parsed lines so a truncated tail is dropped before appending.
     with gzip.open(partial, "wt", encoding="utf-8") as f:
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     order = {q["question_id"]: i for i, q in enumerate(questions)}
     ordered = sorted(
         rows.values(),
-        key=lambda r: (CATEGORIES.index(r["category"]), order.get(r["question_id"], len(order))),
+        key=lambda r: (CATEGORIES.index(r["category"]), order[r["question_id"]]),
     )
     for r in ordered:
         r["eos_token_id"] = eos  # the simulator's PLD cuts drafts at eos, as HF generate does
