@@ -27,6 +27,9 @@ arguments:
   still counts them every step): the history insert leaves the per-step path;
 - `skip`: `(lo, hi)`: the history does not answer for contexts of lo..hi tokens (the core's
   `history_skip`, default (3, 6) since session 8; None here, so earlier rows reproduce).
+- `cal`: calibrate each draft edge's score online (session 10): an edge scored v at depth d
+  is ranked by (accepted + cal * v) / (tried + cal) over the earlier drafts' edges of its
+  (depth, score decile), counted from every drafted node whose parent was accepted (0: off).
 
 The core's current rules are `mode="ppm_root",cut=0.2,lowcap=4,own=True,wp=4,skip=(3,6)`.
 
@@ -77,6 +80,7 @@ class Prototype(ReferenceCache):
         skip=None,
         lag=False,
         hfin=False,
+        cal=0.0,
     ):
         super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo, history_skip=skip)
         self.own = own
@@ -86,6 +90,36 @@ class Prototype(ReferenceCache):
         self.clock = 0  # tokens seen so far (prompts at request start, then outputs)
         self.last: dict[tuple, int] = {}  # n-gram -> latest time seen (history)
         self.decayed: dict[tuple, tuple[float, int]] = {}  # n-gram -> (value, time)
+        self.cal = cal
+        self.tally = defaultdict(lambda: [0.0, 0.0])  # (depth, decile) -> [accepted, tried]
+        self.drafted: dict = {}  # rid -> (tokens, parents, depths, raw edge scores)
+
+    def _bucket(self, d, v):
+        return (min(d, 4), min(int(v * 10), 9))
+
+    def _calibrated(self, d, v):
+        if not self.cal:
+            return v
+        acc, tried = self.tally[self._bucket(d, v)]
+        return (acc + self.cal * v) / (tried + self.cal)
+
+    def _learn(self, rid, tokens):
+        """Counts, for every drafted node whose parent the verified `tokens` accepted (the
+        root included), whether it was accepted too."""
+        got = self.drafted.pop(rid, None)
+        if got is None:
+            return
+        toks, pars, depths, raw = got
+        on_path = {0}
+        for i in range(1, len(toks)):  # parents come before children
+            if pars[i] in on_path:
+                d = depths[i]
+                ok = d - 1 < len(tokens) and toks[i] == tokens[d - 1]
+                cell = self.tally[self._bucket(d, raw[i])]
+                cell[0] += ok
+                cell[1] += 1
+                if ok and d - 1 < len(tokens) - 1:
+                    on_path.add(i)
 
     def _see(self, store_last, store_dec, text, start):
         for j in range(start, len(text)):
@@ -123,6 +157,8 @@ class Prototype(ReferenceCache):
             _windows_into(trie, r["ctx"], self.depth, range(lo, hi))
 
     def extend(self, rid, tokens):
+        if self.cal:
+            self._learn(rid, [int(t) for t in tokens])
         r = self.requests[rid]
         start = len(r["ctx"])
         r["last_acc"] = len(tokens) - 1
@@ -199,20 +235,25 @@ class Prototype(ReferenceCache):
         r = self.requests[rid]
         ctx = r["ctx"]
         tokens, parents, probs, paths = [ctx[-1]], [-1], [1.0], [[]]
+        raw = [1.0]
         heap, seq = [], 0
         for v, t in self.dist(r, ctx, True):
-            heapq.heappush(heap, (-v, seq, 0, t))
+            heapq.heappush(heap, (-self._calibrated(1, v), seq, 0, t, v))
             seq += 1
         while len(tokens) <= budget and heap:
-            negp, _, parent, t = heapq.heappop(heap)
+            negp, _, parent, t, v = heapq.heappop(heap)
             i = len(tokens)
             tokens.append(t)
             parents.append(parent)
             probs.append(-negp)
+            raw.append(v)
             paths.append(paths[parent] + [t])
-            for v, t2 in self.dist(r, ctx + paths[i], False, len(paths[i]))[:budget]:
-                heapq.heappush(heap, (negp * v, seq, i, t2))
+            d = len(paths[i]) + 1
+            for v2, t2 in self.dist(r, ctx + paths[i], False, len(paths[i]))[:budget]:
+                heapq.heappush(heap, (negp * self._calibrated(d, v2), seq, i, t2, v2))
                 seq += 1
+        if self.cal:
+            self.drafted[rid] = (tokens, parents, [len(x) for x in paths], raw)
         return tokens, parents, probs
 
 
