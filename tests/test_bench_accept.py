@@ -301,5 +301,18 @@ def test_parse_kwargs_reads_python_literals():
 
     assert parse_kwargs("max_depth=8,history_skip=None") == {"max_depth": 8, "history_skip": None}
     assert parse_kwargs('mode="ppm",skip=(3,6)') == {"mode": "ppm", "skip": (3, 6)}
-    with pytest.raises(ValueError):
-        parse_kwargs("x=open('f')")
+    for bad in ("x=open('f')", "3", "a=1,2", "a=x", "a=", "**d"):
+        with pytest.raises(ValueError, match="bad variant"):
+            parse_kwargs(bad)
+
+
+def test_command_lines_quote_and_plots_need_an_image_format(tmp_path):
+    from lookahead.bench.harness import check_outputs, command_line
+
+    assert command_line("lookahead demo", ["--prompts", "my file.jsonl"]) == (
+        "lookahead demo --prompts 'my file.jsonl'"
+    )
+    check_outputs(tmp_path / "a.json", plot=tmp_path / "a.png")
+    for bad in ("a.txt", "a.json", "a"):
+        with pytest.raises(SystemExit, match="cannot draw"):
+            check_outputs(tmp_path / "a.json", plot=tmp_path / bad)

@@ -107,6 +107,8 @@ def test_bad_arguments(cache):
         cache.start_request(3, [1], namespace=1)
     with pytest.raises(InvalidInput, match="keep_prompt"):
         cache.finish_request(1, keep_prompt=1)
+    cache.start_request(5, [1, 2])
+    cache.finish_request(5, keep_prompt=np.bool_(False))  # as `load` takes numpy bools
     for kw in (
         {"max_depth": 1},
         {"max_depth": 65},
@@ -126,9 +128,14 @@ def test_bad_arguments(cache):
         {"history_skip": "36"},
         {"history_skip": (3.0, 6)},
         {"history_skip": (True, 6)},
+        {"keep_prompt_as_history": "false"},  # bool("false") is True
+        {"background_indexing": "no"},
+        {"background_indexing": None},
     ):
         with pytest.raises(InvalidInput):
             LookaheadCache(**kw)
+    flags = LookaheadCache(keep_prompt_as_history=np.bool_(True), background_indexing=False)
+    assert flags.config["keep_prompt_as_history"] is True
     for flag in (None, 1, "yes"):
         with pytest.raises(InvalidInput, match="multi_branch must be a bool"):
             cache.draft(1, multi_branch=flag)

@@ -179,9 +179,12 @@ def test_load_prompts_selection_and_errors(tmp_path):
     own.write_text('{"text": 1}\n')
     with pytest.raises(ValueError, match="line 1"):
         demo.load_prompts(own, None, None)
-    for bad in ("[1, 2]", '"hi"', '{"turns": "abc"}', '{"turns": []}'):
+    bad_lines = ("[1, 2]", '"hi"', '{"turns": "abc"}', '{"turns": []}')
+    categories = [f'{{"prompt": "a", "category": {c}}}' for c in ("null", "[1]", "2", '""')]
+    categories.append('{"prompt": "a", "category": "overall"}')
+    for bad in (*bad_lines, *categories):
         own.write_text(bad + "\n")
-        with pytest.raises(ValueError, match="line 1"):
+        with pytest.raises(ValueError, match="line 1" if bad in bad_lines else "'category' must"):
             demo.load_prompts(own, None, None)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -41,14 +42,20 @@ def test_auto_dtype_is_bf16_only_with_native_bf16(monkeypatch):
 def test_device_decides_auto_dtype_and_bad_devices_give_clear_errors(monkeypatch):
     monkeypatch.setattr(models, "native_bf16", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    # is_bf16_supported() also says yes where bf16 is emulated: the compute capability decides.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    majors = {0: 9, 1: 7}  # an H100 and a V100
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(major=majors[i])
+    )
     assert models.resolve_dtype("auto", "cuda") == "bfloat16"
     assert models.resolve_dtype("auto", "cuda:0") == "bfloat16"
+    assert models.resolve_dtype("auto", "cuda:1") == "float32"
     assert models.resolve_dtype("auto", torch.device("cpu")) == "float32"
     assert models.resolve_dtype("float32", "cuda") == "float32"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
-    assert models.resolve_dtype("auto", "cuda") == "float32"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     for bad in ("gpu", "mps", "meta"):
         with pytest.raises(ValueError, match=r"device must be 'cpu' or 'cuda\[:N\]'"):
             models.resolve_dtype("auto", bad)
@@ -97,3 +104,46 @@ def test_default_model_folder_is_a_plain_hf_folder(default_folder):
     # Cached loads are fast (measured ~0.5 s on an idle 2-core CPU); the bound leaves slack
     # for a busy CI machine.
     assert elapsed < 20, f"loading the cached default model took {elapsed:.1f}s"
+
+
+def test_conversion_never_replaces_a_folder_it_did_not_make(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"not read: the target is refused first")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    with pytest.raises(models.ModelLoadError, match="not a converted model"):
+        models.convert_gguf(gguf, mine)
+    assert (mine / "notes.txt").read_text() == "precious"
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(models.ModelLoadError, match="not a converted model"):
+        models.convert_gguf(gguf, tmp_path / "afile")
+
+
+def test_conversions_take_turns_and_clear_killed_ones(tmp_path):
+    import threading
+
+    folder = tmp_path / "models" / "m-123"
+    killed = tmp_path / "models" / "m-123.k1ll3d"  # a conversion's temporary, left by a kill
+    killed.mkdir(parents=True)
+    (killed / "model.safetensors").write_bytes(b"half")
+    (tmp_path / "models" / "m-1234.other").mkdir()  # another model's: not touched
+    order = []
+
+    def convert(name):
+        with models._converting(folder):
+            order.append(name + " in")
+            time.sleep(0.2)
+            order.append(name + " out")
+
+    with models._converting(folder):
+        assert not killed.exists() and (tmp_path / "models" / "m-1234.other").is_dir()
+    threads = [threading.Thread(target=convert, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])
+    (tmp_path / "cache-is-a-file").write_text("x")  # $LOOKAHEAD_CACHE_DIR set to a file
+    with pytest.raises(models.ModelLoadError, match="cannot create the model cache folder"):
+        models._converting(tmp_path / "cache-is-a-file" / "models" / "m").__enter__()

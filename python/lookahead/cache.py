@@ -117,6 +117,12 @@ class LookaheadCache:
         ):
             if not _is_int(v) or not 0 <= v < 2**63:
                 raise InvalidInput(f"{name} must be a non-negative int below 2**63, got {v!r}")
+        for name, flag in (
+            ("keep_prompt_as_history", keep_prompt_as_history),
+            ("background_indexing", background_indexing),
+        ):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise InvalidInput(f"{name} must be a bool, got {flag!r}")
         for name, w in (("prompt_weight", prompt_weight), ("output_weight", output_weight)):
             if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
                 raise InvalidInput(f"{name} must be a number, got {w!r}")
@@ -248,9 +254,9 @@ class LookaheadCache:
 
     def finish_request(self, rid: RequestId, keep_prompt: bool | None = None) -> None:
         """Ends `rid`: drops its prompt index (merging it into history if `keep_prompt`)."""
-        if keep_prompt is not None and not isinstance(keep_prompt, bool):
+        if keep_prompt is not None and not isinstance(keep_prompt, (bool, np.bool_)):
             raise InvalidInput(f"keep_prompt must be a bool or None, got {keep_prompt!r}")
-        self._c.finish_request(rid, keep_prompt)
+        self._c.finish_request(rid, None if keep_prompt is None else bool(keep_prompt))
 
     def add_history(self, corpus: list[TokenIds], namespace: str = "default") -> None:
         """Pre-builds `namespace`'s shared history from a corpus of token lists."""

@@ -253,7 +253,7 @@ def main(argv: list | None = None) -> int:
     if args.command == "demo":
         from lookahead.bench.harness import check_outputs
 
-        check_outputs(args.json, args.plot)  # before the model loads and the prompts run
+        check_outputs(args.json, plot=args.plot)  # before the model loads and the prompts run
     try:
         if args.threads is not None:
             import torch

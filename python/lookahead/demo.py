@@ -74,12 +74,14 @@ def load_prompts(path=None, categories=DEFAULT_CATEGORIES, count=DEFAULT_COUNT) 
         turns = row.get("turns") or ([row["prompt"]] if "prompt" in row else None)
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
             raise ValueError(f"{source}, line {i + 1}: needs 'turns' (list of strings) or 'prompt'")
+        category = row.get("category", "custom")
+        if not isinstance(category, str) or not category or category == "overall":
+            raise ValueError(
+                f"{source}, line {i + 1}: 'category' must be a non-empty string other than "
+                f"'overall' (the table's all-prompts row), got {category!r:.60}"
+            )
         rows.append(
-            {
-                "question_id": row.get("question_id", i),
-                "category": row.get("category", "custom"),
-                "turns": turns,
-            }
+            {"question_id": row.get("question_id", i), "category": category, "turns": turns}
         )
     if categories:
         known = {r["category"] for r in rows}

@@ -15,6 +15,7 @@ live in `<cache>/models/<name>`.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import os
 import shutil
@@ -75,7 +76,11 @@ def resolve_dtype(dtype: str, device="cpu") -> str:
     if dtype != "auto":
         return dtype
     if kind == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+        # Native bf16 from Ampere (sm80) on; `is_bf16_supported()` also says yes where it is
+        # emulated (T4, V100).
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        major = torch.cuda.get_device_properties(index).major
+        return "bfloat16" if major >= 8 else "float32"
     return "bfloat16" if kind == "cpu" and native_bf16() else "float32"
 
 
@@ -108,6 +113,34 @@ def _is_converted(folder: Path) -> bool:
     return (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file()
 
 
+@contextlib.contextmanager
+def _converting(folder: Path):
+    """Held while `folder` is checked and converted: one process converts it, the others
+    wait and then find it converted. Temporary folders of conversions killed before they
+    could clean up (`<name>.XXXX`) are removed under the lock (nobody else is writing them)."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ModelLoadError(
+            f"cannot create the model cache folder {folder.parent}: {err}"
+        ) from None
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, the rename below still keeps folders whole
+        fcntl = None
+    with open(folder.parent / f"{folder.name}.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for stale in folder.parent.glob(glob.escape(folder.name) + ".*"):
+                if stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale, ignore_errors=True)
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Convert a GGUF file into an HF folder (fp32 weights, tokenizer) at `out_dir`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -116,6 +149,9 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     out_dir = Path(out_dir)
     if not gguf_path.is_file():
         raise ModelLoadError(f"GGUF file not found: {gguf_path}")
+    if out_dir.exists() and not (out_dir.is_dir() and _is_converted(out_dir)):
+        # Only an earlier conversion is replaced, never a folder (or file) of the user's.
+        raise ModelLoadError(f"{out_dir} exists and is not a converted model; not replacing it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # Written next to the target and renamed at the end: a crash never leaves a half folder
     # that `_is_converted` would accept.
@@ -172,10 +208,16 @@ def default_model_path(fetch: bool = True) -> Path:
         return folder
     if not fetch:
         raise ModelLoadError(f"the default model is not cached at {folder}")
-    with tempfile.TemporaryDirectory(prefix="lookahead-fetch-") as tmp:
-        gguf = _download_default_gguf(Path(tmp))
-        print("lookahead: converting the GGUF file to an HF folder (once, ~1 min)", file=sys.stderr)
-        convert_gguf(gguf, folder)
+    with _converting(folder):
+        if _is_converted(folder):  # another process converted it while this one waited
+            return folder
+        with tempfile.TemporaryDirectory(prefix="lookahead-fetch-") as tmp:
+            gguf = _download_default_gguf(Path(tmp))
+            print(
+                "lookahead: converting the GGUF file to an HF folder (once, ~1 min)",
+                file=sys.stderr,
+            )
+            convert_gguf(gguf, folder)
     return folder
 
 
@@ -189,8 +231,13 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
         key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
         folder = cache_dir() / "models" / f"{path.stem}-{key.hexdigest()[:10]}"
         if not _is_converted(folder):
-            print(f"lookahead: converting {path.name} to an HF folder (once)", file=sys.stderr)
-            convert_gguf(path, folder)
+            with _converting(folder):
+                if not _is_converted(folder):
+                    print(
+                        f"lookahead: converting {path.name} to an HF folder (once)",
+                        file=sys.stderr,
+                    )
+                    convert_gguf(path, folder)
         return folder
     if path.is_dir() and (path / "config.json").is_file():
         return path

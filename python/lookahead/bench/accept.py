@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     budgets = args.budgets
-    check_outputs(args.json, args.plot)
+    check_outputs(args.json, plot=args.plot)
     if args.per_category < 0:
         raise SystemExit(f"--per-category must be >= 0 (0: all), got {args.per_category}")
     ours = _parse_kv(args.ours_config)

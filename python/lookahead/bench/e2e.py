@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the tables as a PNG")
     p.add_argument("--json", default=None, help="write the full results here")
     args = p.parse_args(argv)
-    check_outputs(args.json, args.plot)
+    check_outputs(args.json, plot=args.plot)
     problem = budget_problem(args)
     if problem:
         p.error(problem)

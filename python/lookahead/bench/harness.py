@@ -9,6 +9,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 
@@ -113,14 +114,21 @@ def write_json(path: str | os.PathLike, payload: dict) -> None:
 
 def command_line(prog: str, argv) -> str:
     """The command as a user would type it."""
-    return " ".join([prog, *(sys.argv[1:] if argv is None else list(argv))])
+    return shlex.join([*prog.split(), *(sys.argv[1:] if argv is None else list(argv))])
 
 
 def parse_kwargs(spec: str) -> dict:
     """Keyword arguments written as Python literals: `'a=1,b=(3,6)'` -> `{"a": 1, "b": (3, 6)}`
     (the variants of the benchmarks/ scripts)."""
-    call = ast.parse(f"f({spec})", mode="eval").body
-    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    try:
+        call = ast.parse(f"f({spec})", mode="eval").body
+        if call.args or any(kw.arg is None for kw in call.keywords):
+            raise ValueError("every item must be NAME=VALUE")
+        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError) as e:
+        raise ValueError(
+            f"bad variant {spec!r}: {e} (write NAME=VALUE,... as Python literals)"
+        ) from None
 
 
 def positive_int(text: str) -> int:
@@ -154,10 +162,28 @@ def budget_problem(args) -> str | None:
     return None
 
 
-def check_outputs(*paths) -> None:
+# What matplotlib writes (its savefig picks the format from the extension).
+PLOT_FORMATS = (
+    ".png",
+    ".svg",
+    ".svgz",
+    ".pdf",
+    ".eps",
+    ".ps",
+    ".jpg",
+    ".jpeg",
+    ".webp",
+    ".tif",
+    ".tiff",
+)
+
+
+def check_outputs(*paths, plot=None) -> None:
     """Fails now, before any slow work, if an output file could not be written later: its
-    folder is created if missing and must be writable."""
-    for path in paths:
+    folder is created if missing and must be writable; `plot` must name an image format."""
+    if plot is not None and not str(plot).lower().endswith(PLOT_FORMATS):
+        raise SystemExit(f"cannot draw {plot}: name a {', '.join(PLOT_FORMATS)} file")
+    for path in (*paths, plot):
         if path is None:
             continue
         folder = Path(path).parent

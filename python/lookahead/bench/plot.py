@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.result} is not a bench's --json file (a JSON object)")
     from lookahead.bench.harness import check_outputs
 
-    check_outputs(args.out)
+    check_outputs(plot=args.out)
     plot_result(result, args.out)
     return 0
 

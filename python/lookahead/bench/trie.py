@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write all rows and the machine here")
     ap.add_argument("--plot", metavar="PNG", help="draw the results as a PNG")
     args = ap.parse_args(argv)
-    check_outputs(args.json, args.plot)
+    check_outputs(args.json, plot=args.plot)
     defaults = (50_000, 2_000, 2) if args.quick else (1_000_000, 50_000, 7)
     for name, default in zip(("history_nodes", "iters", "reps"), defaults):
         if getattr(args, name) is None:
