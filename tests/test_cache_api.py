@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import lookahead
 import numpy as np
 import pytest
@@ -478,6 +481,16 @@ def test_package_exports():
         assert name in lookahead.__all__ and getattr(lookahead, name)
     assert issubclass(UnknownRequest, KeyError) and issubclass(RequestExists, ValueError)
     assert str(UnknownRequest("request 3 is not live")) == "request 3 is not live"
+    # Submodules answer after a bare `import lookahead` (a fresh interpreter: here the tests
+    # have imported them already), and `import lookahead` alone imports no torch.
+    code = (
+        "import sys, lookahead; assert 'torch' not in sys.modules; "
+        "print(lookahead.models.load_model.__module__, lookahead.sampling.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["lookahead.models", "lookahead.sampling"]
+    with pytest.raises(AttributeError):
+        lookahead.nope  # noqa: B018
 
 
 def test_draft_batch_pads_to_a_fixed_width():

@@ -68,6 +68,8 @@ def test_more_bad_values_refused_before_the_model_loads(tmp_path, monkeypatch, c
     assert "--prompt is empty" in capsys.readouterr().err
     assert cli.main(["generate", "--prompt", "x", "--seed", "-1"]) == 2
     assert "--seed must be in [0, 2**64)" in capsys.readouterr().err
+    assert cli.main(["generate", "--prompt", "x", "--stop", "a", "--stop", ""]) == 2
+    assert "--stop must not be empty" in capsys.readouterr().err
     afile = tmp_path / "afile"
     afile.write_text("")
     with pytest.raises(SystemExit, match="cannot write"):
@@ -201,7 +203,9 @@ def test_demo_rows_summary_json_and_plot(tmp_path):
     summary = demo.summarize(rows)
     assert [s["category"] for s in summary] == ["a", "b", "overall"]
     text = demo.format_summary(summary, "float32")
-    assert "median speedup" in text and "[float32]" in text
+    assert "median speedup" in text and "mean: plain" in text and "[float32]" in text
+    assert demo.busy_note(1.9, 2) is None and demo.busy_note(2.0, 2) is None
+    assert "load average 3.5 on 2 cores" in demo.busy_note(3.5, 2)
     assert "yes" in demo.format_row(rows[0])
     demo.plot(rows, summary, str(tmp_path / "p.png"), "float32")
     assert (tmp_path / "p.png").stat().st_size > 1000

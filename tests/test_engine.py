@@ -456,6 +456,7 @@ def test_bad_input_gives_clear_errors():
         ({"stop_token_ids": [True]}, "stop_token_ids"),
         ({"on_tokens": 5}, "on_tokens must be callable"),
         ({"stop_strings": [1]}, "stop_strings must be"),
+        ({"stop_strings": ["a", ""]}, "empty string"),
     ):
         with pytest.raises(ValueError, match=match):
             gen.generate([5, 6], **({"max_new_tokens": 4} | kw))

@@ -40,9 +40,17 @@ __all__ = [
 ]
 
 
+# Submodules reachable as attributes after a bare `import lookahead` (imported on first use).
+_SUBMODULES = ("engine", "models", "kernels", "sampling")
+
+
 def __getattr__(name: str):
     if name in _ENGINE_NAMES:
         from lookahead import engine
 
         return getattr(engine, name)
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"lookahead.{name}")
     raise AttributeError(f"module 'lookahead' has no attribute {name!r}")

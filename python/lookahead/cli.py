@@ -211,6 +211,8 @@ def _check_args(args) -> str | None:
         return "--count must be >= 1"
     if args.command == "generate" and not args.prompt:
         return "--prompt is empty"
+    if args.command == "generate" and "" in args.stop:
+        return "--stop must not be empty (it would match anywhere)"
     if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**64:
         return f"--seed must be in [0, 2**64), got {args.seed}"
     if args.command == "generate":

@@ -9,6 +9,7 @@ mean tokens per step, and whether the two outputs are identical.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -223,7 +224,7 @@ def format_summary(summary: list, dtype: str) -> str:
     lines = []
     for s in summary:
         lines.append(
-            f"{s['category']:<14} median speedup {s['median_speedup']:.2f}x  "
+            f"{s['category']:<14} median speedup {s['median_speedup']:.2f}x  mean: "
             f"plain {s['plain_tps']:.1f} tok/s  lookahead {s['lookahead_tps']:.1f} tok/s  "
             f"acc/step {s['mean_accepted']:.2f}  tok/step {s['tokens_per_step']:.2f}  "
             f"identical {s['identical']}/{s['prompts']}  host overhead "
@@ -252,6 +253,23 @@ def plot(rows: list, summary: list, path: str, dtype: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def busy_note(load: float | None = None, cores: int | None = None) -> str | None:
+    """A warning when the last minute's load average says other work shared the CPUs (the
+    demo alone keeps it near the core count), else None."""
+    if load is None:
+        if not hasattr(os, "getloadavg"):
+            return None
+        load = os.getloadavg()[0]
+    cores = cores or os.cpu_count() or 1
+    if load <= 1.5 * cores:
+        return None
+    return (
+        f"note: load average {load:.1f} on {cores} cores: other work shared the CPUs, so the "
+        "tok/s and speedups are noisy (tok/step and identical are not); rerun on a quiet "
+        "machine to time it"
+    )
 
 
 def main(args) -> int:
@@ -297,6 +315,9 @@ def main(args) -> int:
     summary = summarize(rows)
     print()
     print(format_summary(summary, args.dtype))
+    busy = busy_note()
+    if busy:
+        print(busy, file=sys.stderr)
     if args.json:
         from lookahead.bench.harness import command_line, header
 

@@ -433,6 +433,10 @@ class LookaheadGenerator:
             stop_strings = [stop_strings]
         if not all(isinstance(x, str) for x in stop_strings):
             raise ValueError(f"stop_strings must be a str or strs, got {stop_strings!r}")
+        if any(s == "" for s in stop_strings):
+            raise ValueError(
+                "stop_strings must not contain an empty string (it would match anywhere)"
+            )
         if stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer")
         if seed is not None and not (_is_int(seed) and 0 <= seed < 2**64):
