@@ -20,7 +20,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=DTYPES,
         default="auto",
-        help="compute dtype; auto = bfloat16 on a bf16-capable CUDA GPU or a CPU with native bf16 "
+        help="compute dtype; auto = bfloat16 on a CUDA GPU of sm80+ or a CPU with native bf16 "
         "(AVX512-BF16/AMX), else float32 (emulated bf16 costs ~linearly in the rows a draft "
         "tree adds)",
     )

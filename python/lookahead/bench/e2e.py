@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype",
         default="auto",
         choices=DTYPES,
-        help="auto: bf16 on a bf16-capable GPU or a CPU with native bf16, else fp32; only fp32 "
+        help="auto: bf16 on a GPU of sm80+ or a CPU with native bf16, else fp32; only fp32 "
         "output is token-identical to plain decoding",
     )
     p.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
