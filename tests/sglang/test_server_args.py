@@ -177,3 +177,5 @@ def test_rank_and_corpus_refusals_come_at_start_up(plugins_loaded, monkeypatch):
         resolve(argv + ["--tp-size", "2"], monkeypatch, '{"background_indexing": true}')
     with pytest.raises(LookaheadConfigError, match="external-corpus-path is NGRAM-only"):
         resolve(argv + ["--speculative-ngram-external-corpus-path", "x.jsonl"], monkeypatch)
+    with pytest.raises(LookaheadConfigError, match="disaggregation-mode decode"):
+        resolve(argv + ["--disaggregation-mode", "decode"], monkeypatch)

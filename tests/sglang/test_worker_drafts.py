@@ -465,3 +465,43 @@ def test_a_relay_shorter_than_sglangs_length_warns_and_drafts_on(plugins_loaded,
         tokens, _ = worker._prepare_draft_tokens(make_batch([req], relay, [3]))
     assert "the overlap relay only 1" in caplog.text
     assert tokens[0, 0] == 6  # the row is used whole; no crash of the scheduler
+
+
+def test_departed_requests_end_before_new_prompts_are_indexed(plugins_loaded):
+    worker = make_worker(width=6)
+    a, b = make_req("a", [1, 2, 3, 4], [5]), make_req("b", [7, 8, 9], [10])
+    worker._prepare_draft_tokens(make_batch([a]))
+    worker._prev_decode_rids = {"a"}  # as NGRAM's verify path records the batch
+    worker._prepare_draft_tokens(make_batch([b]))
+    # "a" is gone before "b"'s prompt is indexed (NGRAM's own erase comes after the verify).
+    assert worker.drafter.live_requests == {"b"}
+    assert worker.drafter.cache.stats()["live_requests"] == 1
+
+
+def test_a_retracted_request_is_held_and_resumes_without_recounting(plugins_loaded):
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    worker = make_worker(width=6, breadth=1)
+    drafter = worker.drafter
+    r, x = make_req("r", [5, 6, 7, 8], [9, 10, 11]), make_req("x", [30, 31], [32])
+    worker._prepare_draft_tokens(make_batch([r, x]))
+    worker._prev_decode_rids = {"r", "x"}
+    before = _history_score_after(drafter, 8)
+    r.is_retracted = True  # SGLang's retract_decode: out of the batch, output_ids kept
+    worker._prepare_draft_tokens(make_batch([x]))
+    worker.ngram_corpus.erase_match_state(["r"])  # NGRAM's end-of-step erase passes it by
+    worker._prev_decode_rids = {"x"}
+    assert drafter.live_requests == {"r", "x"}
+    r.is_retracted = False  # re-admitted with its outputs, then one more token
+    r.output_ids.append(12)
+    worker._prepare_draft_tokens(make_batch([r, x]))
+    assert drafter._ctx_len["r"] == 8 and drafter.cache.draft("r", budget=1).tokens[0] == 12
+    assert _history_score_after(drafter, 8) == before  # "8 9" not counted again
+    # Retracted again and aborted while waiting: ended at the next step.
+    worker._prev_decode_rids = {"r", "x"}
+    r.is_retracted = True
+    worker._prepare_draft_tokens(make_batch([x]))
+    assert drafter.live_requests == {"r", "x"}
+    r.finished_reason = FINISH_ABORT()
+    worker._prepare_draft_tokens(make_batch([x]))
+    assert drafter.live_requests == {"x"}

@@ -90,8 +90,9 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
         """NGRAM's server-argument defaults (`_handle_ngram`), then LOOKAHEAD's checks.
 
         Raises `LookaheadConfigError` (a `ValueError`) at start-up for DP attention, a
-        non-CUDA device, a budget that does not fit the CUDA-graph verify width, NGRAM's
-        external corpora, or `background_indexing: true` with several model ranks.
+        non-CUDA device, PD-disaggregated decode, a budget that does not fit the CUDA-graph
+        verify width, NGRAM's external corpora, or `background_indexing: true` with several
+        model ranks.
         """
         from sglang.srt.arg_groups.speculative_hook import _handle_ngram
         from sglang.srt.runtime_context import attn_dp_enabled_of
@@ -108,6 +109,13 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
                 f"--speculative-algorithm {ALGORITHM_NAME} does not support DP attention "
                 "(neither does SGLang's NGRAM, whose verify path it uses); remove "
                 "--attn-dp-size / --enable-dp-attention"
+            )
+        if getattr(cfg, "disaggregation_mode", "null") == "decode":
+            # SGLang 0.5.23 stashes the decode side's first relay without accept tokens for
+            # NGRAM-style workers and fails reading them (overlap_utils FutureMap.stash).
+            raise LookaheadConfigError(
+                f"--speculative-algorithm {ALGORITHM_NAME} does not support "
+                "--disaggregation-mode decode (neither does SGLang 0.5.23's NGRAM path it uses)"
             )
         refuse_external_corpus(cfg)
         _handle_ngram(record)

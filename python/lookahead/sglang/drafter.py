@@ -56,6 +56,8 @@ class LookaheadDrafter:
         # Restarted requests' own prompts and namespaces, merged into the shared history when
         # they finish (with `keep_prompt_as_history`), rather than their whole context.
         self._merge_prompt: dict[Any, tuple[np.ndarray, str]] = {}
+        # Retracted requests out of the batch until SGLang re-admits them: rid -> Req.
+        self._held: dict[Any, Any] = {}
 
     def _new_cache(self) -> LookaheadCache:
         c = self.config
@@ -186,9 +188,27 @@ class LookaheadDrafter:
                 self._restart.update(rids[int(i)] for i in wrong)
         return tokens, bd.parents
 
+    def hold(self, rid: Any, req: Any) -> None:
+        """Keeps a retracted request live while it waits out of the batch: NGRAM's end-of-step
+        erase passes it by, and `release_held` ends it if it finishes before it is back."""
+        if rid in self._ctx_len:
+            self._held[rid] = req
+
+    def release_held(self, present: set) -> list:
+        """Held requests back in the batch (`present`) are tracked as before; returns the held
+        ones that finished meanwhile (aborted while waiting), for `finish`."""
+        done = []
+        for rid, req in list(self._held.items()):
+            if rid in present or req.finished():
+                del self._held[rid]
+                if rid not in present:
+                    done.append(rid)
+        return done
+
     def finish(self, rids: Sequence[Any]) -> None:
         """Ends the requests that left the decode batch (unknown ids are ignored)."""
         for rid in rids:
+            self._held.pop(rid, None)
             self._restart.discard(rid)
             merge = self._merge_prompt.pop(rid, None)
             if self._ctx_len.pop(rid, None) is None:
@@ -201,8 +221,9 @@ class LookaheadDrafter:
 
     # NGRAMWorker's names for the same operations (it calls them on `self.ngram_corpus`).
     def erase_match_state(self, rids: Sequence[Any]) -> None:
-        """NGRAM's name for `finish`: these requests left the decode batch."""
-        self.finish(rids)
+        """NGRAM's name for `finish`: these requests left the decode batch (retracted ones
+        held by `hold` stay)."""
+        self.finish([rid for rid in rids if rid not in self._held])
 
     def synchronize(self) -> None:
         """Nothing to wait for: `draft` waits for a request's own pending prompt index."""
@@ -212,4 +233,5 @@ class LookaheadDrafter:
         self.cache = self._new_cache()
         self._ctx_len.clear()
         self._restart.clear()
+        self._held.clear()
         self._merge_prompt.clear()

@@ -83,6 +83,7 @@ class LookaheadWorker(NGRAMWorker):
         # NGRAMWorker's verify path reports departed requests and resets through this name.
         self.ngram_corpus = self.drafter
         self._prev_decode_rids: set = set()
+        self._prev_reqs: dict = {}  # rid -> Req of the last decode batch drafted
         self.grammar_tree_host = None
         self.prev_token_ids: list[int] = []
         self.prev_accept_lens: list[int] = []
@@ -136,9 +137,28 @@ class LookaheadWorker(NGRAMWorker):
                 rows[i] = []
         return rows
 
+    def _end_departed(self, batch: Any) -> None:
+        """Ends the requests that left the decode batch before this step indexes new prompts
+        (NGRAM erases them after the verify; until then their prompt tries would hold
+        capacity that new prompts need). A retracted request (`is_retracted`, not finished)
+        is held instead: SGLang re-admits it with its `output_ids`, and only what follows
+        them streams in then (ending it would count its outputs into the shared history
+        again). Held requests that finish while waiting (aborted) are ended here."""
+        present = {req.rid for req in batch.reqs}
+        gone = []
+        for rid in self._prev_decode_rids - present:
+            req = self._prev_reqs.get(rid)
+            if req is not None and getattr(req, "is_retracted", False) and not req.finished():
+                self.drafter.hold(rid, req)
+            else:
+                gone.append(rid)
+        self.drafter.finish(gone + self.drafter.release_held(present))
+        self._prev_reqs = {req.rid: req for req in batch.reqs}
+
     def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         """Streams new tokens into the cache and drafts the batch: `tokens`, `parents`
         int32 `[bs, N]` (NGRAM's padding; node 0 = each request's last verified token)."""
+        self._end_departed(batch)
         pending = self._pending_tokens(batch)
         roots = self.drafter.sync(batch.reqs, pending)
         return self.drafter.draft([req.rid for req in batch.reqs], roots)
