@@ -354,10 +354,26 @@ def test_a_requests_own_outputs_outrank_the_shared_history():
     # Own trie (weight 4): 4 scores 1/2; history: 3 scores 3/6, 4 scores 1/6. Before the
     # request's outputs went into its own trie, 3 came first here.
     assert c.draft("r", budget=1, multi_branch=False).tokens.tolist() == [2, 4]
-    # With the shared history weighed out, the request still drafts from its own outputs.
-    c = LookaheadCache(max_depth=3, output_weight=0.0, background_indexing=False)
+    # With the shared history weighed out, the request still drafts from its own outputs,
+    # and no history is kept (nothing would read it), kept prompts included.
+    c = LookaheadCache(
+        max_depth=3, output_weight=0.0, background_indexing=False, keep_prompt_as_history=True
+    )
     c.start_request("r", [9])
     c.extend("r", [1, 2, 4, 1, 2])
+    assert c.draft("r", budget=1).tokens.tolist() == [2, 4]
+    c.finish_request("r")
+    assert c.stats()["nodes"] == 0
+    # With the request's own text weighed out, no own trie is built (its nodes could not be
+    # evicted and would push out the history that drafts do read).
+    c = LookaheadCache(max_depth=3, prompt_weight=0.0, background_indexing=False)
+    c.add_history([[1, 2, 4]])
+    base = c.stats()["nodes"]
+    c.start_request("r", list(range(100, 200)))
+    c.extend("r", [1, 2])
+    # Only the history's new n-grams ending at 1 and 2 ("199 1", "198 199 1", "199 1 2" and
+    # their prefixes "199", "198", "198 199"): the 100-token prompt added no node.
+    assert c.stats()["nodes"] == base + 6
     assert c.draft("r", budget=1).tokens.tolist() == [2, 4]
 
 

@@ -75,9 +75,11 @@ class LookaheadCache:
         capacity_nodes: hard bound on stored trie nodes, all tries together (~37 bytes each,
             hash side tables of nodes with more than 8 children included).
         prompt_weight: weight of the request's own counts in scoring (0 to 1e6): its prompt's
-            n-grams and those of its outputs so far (the request's own trie).
+            n-grams and those of its outputs so far (the request's own trie; at 0 it is not
+            built).
         output_weight: weight of the namespace's shared counts (0 to 1e6): the outputs of all its
-            requests (and merged prompts, `add_history` texts).
+            requests (and merged prompts, `add_history` texts); at 0 outputs and kept prompts
+            are not counted there (`add_history` still is).
         keep_prompt_as_history: on finish, merge the prompt's n-grams into shared history.
         background_indexing: `start_request` returns at once and the prompt is indexed on a
             worker thread; only that request's own `draft` waits for it.

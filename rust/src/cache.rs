@@ -479,6 +479,9 @@ impl Shared {
     /// capacity; past it, this request's outputs reach only the shared history (and the
     /// cursors are rebuilt from `before` once there is room again).
     fn count_own(&self, own: &PromptTrie, cur: &mut Cursors, before: &[u32], chunk: &[u32]) {
+        if self.cfg.prompt_weight == 0.0 {
+            return; // drafts never read the request's own trie
+        }
         if !self.budget.own_outputs_fit() {
             cur.epoch = u64::MAX;
             return;
@@ -513,6 +516,10 @@ impl Shared {
             truncated: false,
             outputs: AtomicU64::new(0),
         };
+        if self.cfg.prompt_weight == 0.0 {
+            // Drafts never read it: an empty trie, so no capacity goes to unread nodes.
+            return p;
+        }
         // Fast path: the exact node count is known before any node exists, so reserve it.
         let sw = SortedWindows::new(text, depth);
         let got = self.reserve(sw.nodes);
@@ -748,7 +755,10 @@ impl Cache {
         }
         for chunk in tokens.chunks(CHUNK_TOKENS) {
             let sh = &self.shared;
-            sh.count_into(&req.ns.history, &mut st.history, &st.tail, chunk);
+            if sh.cfg.output_weight > 0.0 {
+                // At weight 0 drafts never read the shared history: nothing to count there.
+                sh.count_into(&req.ns.history, &mut st.history, &st.tail, chunk);
+            }
             match &own {
                 Ok(p) => sh.count_own(p, &mut st.own, &st.tail, chunk),
                 Err(true) => {
@@ -879,7 +889,8 @@ impl Cache {
             ))
         })?;
         req.prompt.close();
-        if keep_prompt.unwrap_or(self.shared.cfg.keep_prompt_as_history) {
+        let read = self.shared.cfg.output_weight > 0.0;
+        if read && keep_prompt.unwrap_or(self.shared.cfg.keep_prompt_as_history) {
             self.shared.add_history(&req.ns, &req.prompt_tokens);
         }
         Ok(())

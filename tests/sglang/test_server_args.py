@@ -126,6 +126,7 @@ def test_budget_too_large_for_the_graph_width_fails(plugins_loaded, monkeypatch)
         ('{"output_weight": Infinity}', "output_weight must be a number in"),
         ('{"prompt_weight": 1e7}', "prompt_weight must be a number in"),
         ('{"prompt_weight": 0, "output_weight": 0}', "cannot both be 0"),
+        ('{"prompt_weight": 0, "namespace": "request"}', "prompt_weight 0 leaves out"),
         ('{"draft_threads": 100000}', r"draft_threads must be an int in \[0, 256\]"),
         ('{"exact_sampling": 1}', "exact_sampling must be true or false"),
         ('{"index_threads": 1000}', r"index_threads must be an int in \[0, 256\]"),

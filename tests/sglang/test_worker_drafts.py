@@ -505,3 +505,19 @@ def test_a_retracted_request_is_held_and_resumes_without_recounting(plugins_load
     r.finished_reason = FINISH_ABORT()
     worker._prepare_draft_tokens(make_batch([x]))
     assert drafter.live_requests == {"x"}
+
+
+def test_request_namespaces_share_nothing_and_keep_no_history(plugins_loaded):
+    worker = make_worker(width=6, breadth=1, namespace="request")
+    writer = make_req("w", [1, 2], [3, 70, 71, 72, 73])
+    worker._prepare_draft_tokens(make_batch([writer]))
+    reader = make_req("r", [9, 9], [70])
+    tokens, _ = worker._prepare_draft_tokens(make_batch([writer, reader]))
+    assert (tokens[1, 1:] == 0).all()  # never drafts from another request's outputs
+    assert tokens[0, :1].tolist() == [73]
+    writer.output_ids.extend([1, 2, 3])
+    tokens, _ = worker._prepare_draft_tokens(make_batch([writer, reader]))
+    assert tokens[0, 1:3].tolist() == [70, 71]  # but from its own outputs
+    worker.drafter.finish(["w", "r"])
+    # No shared history (and no namespace per request) outlives the requests.
+    assert worker.drafter.cache.stats()["nodes"] == 0

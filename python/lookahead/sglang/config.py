@@ -230,6 +230,11 @@ class ServingConfig:
             raise LookaheadConfigError(
                 f"{CONFIG_ENV}: prompt_weight and output_weight cannot both be 0"
             )
+        if namespace == "request" and prompt_weight == 0:
+            raise LookaheadConfigError(
+                f"{CONFIG_ENV}: namespace 'request' drafts only from each request's own text, "
+                "which prompt_weight 0 leaves out"
+            )
         return cls(
             width=width,
             budget=budget,

@@ -65,7 +65,10 @@ class LookaheadDrafter:
             max_depth=c.max_depth,
             capacity_nodes=c.capacity_nodes,
             prompt_weight=c.prompt_weight,
-            output_weight=c.output_weight,
+            # "request" shares nothing: each request's own trie (its prompt and outputs) is
+            # all it drafts from, and no shared history is kept (one per request would only
+            # repeat that text, and its namespace would outlive the request).
+            output_weight=0.0 if c.namespace == "request" else c.output_weight,
             keep_prompt_as_history=c.keep_prompt_as_history,
             background_indexing=c.background_indexing is not False,
             index_threads=c.index_threads,
@@ -75,8 +78,6 @@ class LookaheadDrafter:
     def namespace_of(self, req: Any) -> str:
         """The trie namespace of `req` under the configured namespace mode."""
         mode = self.config.namespace
-        if mode == "request":
-            return f"request:{req.rid}"
         if mode == "extra_key" and getattr(req, "extra_key", None):
             return f"key:{req.extra_key}"
         return DEFAULT_NAMESPACE
