@@ -275,7 +275,11 @@ class LookaheadCache:
         return dict(self._c.stats())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the shared histories and the configuration to `path` (not live prompts)."""
+        """Writes the shared histories and the configuration to `path` (not live prompts).
+
+        Each namespace's history is read under its lock, so `extend` calls of that namespace
+        (and drafts queued behind them) wait for its walk: ~0.7 s for 2.8M nodes on a 2-core
+        machine. Save between bursts of traffic, not in the middle of serving."""
         self._c.save(os.fspath(path))
 
     @classmethod
