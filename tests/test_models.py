@@ -147,3 +147,18 @@ def test_conversions_take_turns_and_clear_killed_ones(tmp_path):
     (tmp_path / "cache-is-a-file").write_text("x")  # $LOOKAHEAD_CACHE_DIR set to a file
     with pytest.raises(models.ModelLoadError, match="cannot create the model cache folder"):
         models._converting(tmp_path / "cache-is-a-file" / "models" / "m").__enter__()
+
+
+def test_a_folder_is_converted_once(tmp_path):
+    folder = tmp_path / "models" / "m-1"
+    calls = []
+
+    def convert():
+        calls.append(folder)
+        folder.mkdir()
+        for name in ("config.json", "tokenizer_config.json"):
+            (folder / name).write_text("{}")
+
+    assert models._convert_once(folder, convert) == folder
+    assert models._convert_once(folder, convert) == folder
+    assert calls == [folder]

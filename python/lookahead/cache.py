@@ -54,6 +54,11 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+def _is_bool(v) -> bool:
+    """A Python or numpy bool."""
+    return isinstance(v, (bool, np.bool_))
+
+
 def _rid_list(rids) -> list:
     """`rids` as a list; a str is iterable too, but drafting for its characters is a mistake."""
     if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
@@ -123,7 +128,7 @@ class LookaheadCache:
             ("keep_prompt_as_history", keep_prompt_as_history),
             ("background_indexing", background_indexing),
         ):
-            if not isinstance(flag, (bool, np.bool_)):
+            if not _is_bool(flag):
                 raise InvalidInput(f"{name} must be a bool, got {flag!r}")
         for name, w in (("prompt_weight", prompt_weight), ("output_weight", output_weight)):
             if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
@@ -256,7 +261,7 @@ class LookaheadCache:
 
     def finish_request(self, rid: RequestId, keep_prompt: bool | None = None) -> None:
         """Ends `rid`: drops its prompt index (merging it into history if `keep_prompt`)."""
-        if keep_prompt is not None and not isinstance(keep_prompt, (bool, np.bool_)):
+        if keep_prompt is not None and not _is_bool(keep_prompt):
             raise InvalidInput(f"keep_prompt must be a bool or None, got {keep_prompt!r}")
         self._c.finish_request(rid, None if keep_prompt is None else bool(keep_prompt))
 
@@ -294,9 +299,7 @@ class LookaheadCache:
         `index_threads` is not saved (it belongs to the machine, not to the data): `None`
         gives 0, as many threads as the cores allow (at most 4).
         """
-        if background_indexing is not None and not isinstance(
-            background_indexing, (bool, np.bool_)
-        ):
+        if background_indexing is not None and not _is_bool(background_indexing):
             raise InvalidInput(
                 f"background_indexing must be a bool or None, got {background_indexing!r}"
             )

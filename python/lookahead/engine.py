@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from lookahead import kernels
-from lookahead.cache import _is_int
+from lookahead.cache import _is_bool, _is_int
 from lookahead.kv import check_cache_layers, check_model_supports_kv, keep_path, new_cache
 from lookahead.sampling import SamplingConfig, node_scores
 
@@ -125,7 +125,7 @@ class _TextTracker:
     ):
         self.tok = tokenizer
         self.skip_special = skip_special_tokens
-        self.stop = [s for s in stop_strings if s]
+        self.stop = list(stop_strings)  # `generate` refuses empty ones
         self.max_stop = max((len(s) for s in self.stop), default=0)
         self.emitted_text = ""
         # A stop string may begin in the prompt (HF's StopStringCriteria reads the whole
@@ -188,7 +188,7 @@ def _check_budget(name: str, v) -> int:
 
 
 def _check_bool(name: str, v) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
+    if not _is_bool(v):
         raise ValueError(f"{name} must be a bool, got {v!r}")
     return bool(v)
 
@@ -215,7 +215,7 @@ def _as_id_set(x, name: str = "eos_token_id") -> set:
     bad = ValueError(f"{name} must be None, an int or ints (>= 0), got {x!r}")
     try:
         items = [x] if _is_int(x) else list(x)
-        if any(isinstance(t, (bool, np.bool_)) for t in items):
+        if any(_is_bool(t) for t in items):
             raise TypeError
         ids = {operator.index(t) for t in items}
     except TypeError:

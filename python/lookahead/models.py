@@ -141,6 +141,16 @@ def _converting(folder: Path):
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _convert_once(folder: Path, convert) -> Path:
+    """`folder`, made by `convert()` unless it is converted already: checked again under
+    `_converting`'s lock, so of processes racing for it one converts and the rest wait."""
+    if not _is_converted(folder):
+        with _converting(folder):
+            if not _is_converted(folder):
+                convert()
+    return folder
+
+
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Convert a GGUF file into an HF folder (fp32 weights, tokenizer) at `out_dir`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -208,9 +218,8 @@ def default_model_path(fetch: bool = True) -> Path:
         return folder
     if not fetch:
         raise ModelLoadError(f"the default model is not cached at {folder}")
-    with _converting(folder):
-        if _is_converted(folder):  # another process converted it while this one waited
-            return folder
+
+    def fetch_and_convert() -> None:
         with tempfile.TemporaryDirectory(prefix="lookahead-fetch-") as tmp:
             gguf = _download_default_gguf(Path(tmp))
             print(
@@ -218,7 +227,8 @@ def default_model_path(fetch: bool = True) -> Path:
                 file=sys.stderr,
             )
             convert_gguf(gguf, folder)
-    return folder
+
+    return _convert_once(folder, fetch_and_convert)
 
 
 def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
@@ -230,15 +240,12 @@ def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
         stat = path.stat()
         key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
         folder = cache_dir() / "models" / f"{path.stem}-{key.hexdigest()[:10]}"
-        if not _is_converted(folder):
-            with _converting(folder):
-                if not _is_converted(folder):
-                    print(
-                        f"lookahead: converting {path.name} to an HF folder (once)",
-                        file=sys.stderr,
-                    )
-                    convert_gguf(path, folder)
-        return folder
+
+        def convert() -> None:
+            print(f"lookahead: converting {path.name} to an HF folder (once)", file=sys.stderr)
+            convert_gguf(path, folder)
+
+        return _convert_once(folder, convert)
     if path.is_dir() and (path / "config.json").is_file():
         return path
     raise ModelLoadError(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lookahead.cache import _is_int
+from lookahead.cache import _is_bool, _is_int
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,11 @@ class SamplingConfig:
     repetition_penalty: float = 1.0  # 1.0: off
 
     def __post_init__(self):
-        if not isinstance(self.do_sample, (bool, np.bool_)):
+        if not _is_bool(self.do_sample):
             raise ValueError(f"do_sample must be a bool, got {self.do_sample!r}")
         for name in ("temperature", "top_p", "repetition_penalty"):
             v = getattr(self, name)
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+            if _is_bool(v) or not isinstance(v, (int, float, np.number)):
                 raise ValueError(f"{name} must be a number, got {v!r}")
         if not _is_int(self.top_k):
             raise ValueError(f"top_k must be an int, got {self.top_k!r}")

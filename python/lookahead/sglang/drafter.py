@@ -124,10 +124,11 @@ class LookaheadDrafter:
                 ns = self.namespace_of(req)
                 self.cache.finish_request(req.rid, keep_prompt=False)
                 self._restart.discard(req.rid)
+                prompt_ids = _ids(prompt)
                 if self.config.keep_prompt_as_history:
-                    self._merge_prompt[req.rid] = (np.array(prompt, dtype=np.int64), ns)
+                    self._merge_prompt[req.rid] = (prompt_ids, ns)
                 context = np.concatenate(
-                    [_ids(prompt), _ids(outputs[:]), np.asarray(extra, dtype=np.int64)]
+                    [prompt_ids, _ids(outputs[:]), np.asarray(extra, dtype=np.int64)]
                 )
                 self.cache.start_request(req.rid, context, namespace=ns)
                 seen = self._ctx_len[req.rid] = total
