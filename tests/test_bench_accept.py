@@ -316,3 +316,21 @@ def test_command_lines_quote_and_plots_need_an_image_format(tmp_path):
     for bad in ("a.txt", "a.json", "a"):
         with pytest.raises(SystemExit, match="cannot draw"):
             check_outputs(tmp_path / "a.json", plot=tmp_path / bad)
+
+
+def test_traces_refuses_bad_exclude_files_before_the_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr("lookahead.models.load_model", lambda *a, **k: 1 / 0)
+    good = tmp_path / "t.jsonl.gz"
+    _write_traces(good, n=2)
+    truncated = tmp_path / "cut.jsonl.gz"
+    truncated.write_bytes(good.read_bytes()[:40])
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 0, "category": "rag", "turns": ["hi"]}) + "\n")
+    base = ["--questions", str(q), "--per-category", "1", "--out", str(tmp_path / "o.jsonl.gz")]
+    for bad, match in (
+        (truncated, "ended before"),
+        (tmp_path / "absent.jsonl.gz", "No such file"),
+        (good, "has 0 questions left after the exclusions < 1"),
+    ):
+        with pytest.raises(SystemExit, match=match):
+            traces.main([*base, "--exclude", str(bad)])
