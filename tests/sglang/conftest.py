@@ -1,47 +1,27 @@
 """CPU tests of the SGLang plugin against the real `sglang==0.5.23` (no CUDA dependencies).
 
-Install: `pip install --no-deps -r requirements/sglang-test.txt`. Without sglang every test
-module here is skipped (each starts with `pytest.importorskip("sglang")`), reason shown.
+Install: `make dev` (`pip install --no-deps -r requirements/sglang-test.txt`). Without sglang
+every test module here is skipped (each starts with `pytest.importorskip("sglang")`), and
+under `CI=true` such a skip fails the run (tests/conftest.py).
 
-One module is replaced, because it cannot be imported without a GPU:
-- `sgl_kernel` (SGLang's compiled CUDA ops; its import loads `libnvrtc`): SGLang's
-  `ngram_worker` imports it at module level (through `reconstruct_tree.py`) for NGRAM's
-  `reconstruct_indices_from_tree_mask`, which LOOKAHEAD replaces with
-  `lookahead.kernels.tree_metadata`. The stand-in's function raises when called, so a test
-  fails if our worker ever reached NGRAM's kernel.
+`sgl_kernel` (SGLang's compiled ops: CUDA-only on PyPI, its CPU build is for Xeon and not on
+PyPI) is replaced by the plain-torch stand-in in `stand_in/` (its docstring says what and
+why), appended to `sys.path` here so a working install would still win, and put first on the
+`PYTHONPATH` of the CPU servers that `test_server_cpu.py` starts.
 """
 
 from __future__ import annotations
 
 import sys
-import types
+from pathlib import Path
 
 import pytest
 
 NEEDS_SGLANG = "needs sglang==0.5.23: pip install --no-deps -r requirements/sglang-test.txt"
+STAND_IN = Path(__file__).resolve().parent / "stand_in"
 
-
-def _sgl_kernel_unavailable(*args, **kwargs):
-    raise RuntimeError("sgl_kernel is replaced in the CPU tests; LOOKAHEAD must not call it")
-
-
-def _install_sgl_kernel_stand_in() -> None:
-    try:
-        import sgl_kernel.speculative  # noqa: F401  (a working install wins)
-
-        return
-    except Exception:
-        pass
-    pkg = types.ModuleType("sgl_kernel")
-    pkg.__path__ = []
-    spec = types.ModuleType("sgl_kernel.speculative")
-    spec.reconstruct_indices_from_tree_mask = _sgl_kernel_unavailable
-    pkg.speculative = spec
-    sys.modules["sgl_kernel"] = pkg
-    sys.modules["sgl_kernel.speculative"] = spec
-
-
-_install_sgl_kernel_stand_in()
+if str(STAND_IN) not in sys.path:
+    sys.path.append(str(STAND_IN))
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +31,20 @@ def plugins_loaded():
 
     load_plugins()
     return True
+
+
+@pytest.fixture(autouse=True)
+def _ngram_metadata_kernel_unreachable(monkeypatch):
+    """LOOKAHEAD replaces NGRAM's tree-metadata kernel by `lookahead.kernels.tree_metadata`;
+    in-process tests fail if our worker ever reaches NGRAM's."""
+    try:
+        from sglang.srt.speculative import ngram_worker as worker
+    except ImportError:
+        yield
+        return
+
+    def unreachable(*args, **kwargs):
+        raise RuntimeError("LOOKAHEAD must not call NGRAM's reconstruct_indices_from_tree_mask")
+
+    monkeypatch.setattr(worker, "reconstruct_indices_from_tree_mask_func", unreachable)
+    yield

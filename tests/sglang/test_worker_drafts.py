@@ -163,7 +163,7 @@ def test_both_mask_layouts_match_ngrams(plugins_loaded, full_mask):
 _NGRAM_KERNEL = r"""
 import json, os, sys
 sys.path.insert(0, os.environ["CONFTEST_DIR"])
-import conftest  # the sgl_kernel stand-in
+import conftest  # puts the sgl_kernel stand-in on sys.path
 import torch
 from sglang.kernels.ops.speculative.reconstruct_tree import (
     reconstruct_indices_from_tree_mask_triton,
