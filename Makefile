@@ -18,13 +18,14 @@ demo: install  ## install, fetch the default model, run `lookahead demo`
 	$(PY) -m lookahead.cli demo
 
 .PHONY: dev
-dev:  ## editable install with test and lint tools, and SGLang 0.5.23 without its CUDA deps
+dev:  ## editable install with test and lint tools, SGLang 0.5.23 (no CUDA deps) and the peers
 	$(PIP) install -r requirements/test.txt
 	$(PIP) install --no-deps -r requirements/sglang-test.txt
+	$(MAKE) peers PY="$(PY)"
 	$(PIP) install -e ".[hf,plot,test,dev]"
 
 .PHONY: test
-test: dev  ## cargo tests, bounded fuzz run, pytest (CPU; Triton under TRITON_INTERPRET=1)
+test: dev  ## cargo tests, bounded fuzz run, pytest (CPU; real SGLang CPU servers; no unallowed skip under CI=true)
 	cargo test --manifest-path rust/Cargo.toml --release
 	$(PY) -m pytest tests
 

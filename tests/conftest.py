@@ -1,4 +1,7 @@
-"""Fixtures shared by the engine tests (opted into with `pytestmark`, never autouse here)."""
+"""Fixtures shared by the engine tests (opted into with `pytestmark`, never autouse here),
+and the CI rule that a skip without an allowance fails the run."""
+
+import os
 
 import pytest
 import torch
@@ -19,3 +22,74 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+# -- CI: no silent skips, and counts per folder ------------------------------------------
+# Under CI=true a skipped test fails the run unless its reason starts with one of these
+# allowances, each a condition that holds on every CI machine of this project (no GPU).
+CI_ALLOWED_SKIP_REASONS = ("needs a CUDA GPU",)
+
+_skips: list[tuple[str, str]] = []
+_counts: dict[str, dict[str, int]] = {}
+
+
+def _folder(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _tally(nodeid: str, outcome: str) -> None:
+    folder = _counts.setdefault(_folder(nodeid), {"passed": 0, "failed": 0, "skipped": 0})
+    folder[outcome] = folder.get(outcome, 0) + 1
+
+
+def pytest_collectreport(report):
+    if report.skipped:  # a whole module skipped at import (importorskip)
+        _skips.append((report.nodeid, _skip_reason(report)))
+        _tally(report.nodeid, "skipped")
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        if report.skipped and not hasattr(report, "wasxfail"):
+            _skips.append((report.nodeid, _skip_reason(report)))
+        outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+        _tally(report.nodeid, outcome)
+    elif report.when == "teardown" and report.failed:
+        _tally(report.nodeid, "failed")
+
+
+def _disallowed_skips() -> list[tuple[str, str]]:
+    return [(n, r) for n, r in _skips if not r.startswith(CI_ALLOWED_SKIP_REASONS)]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    tr = terminalreporter
+    tr.section("results per folder")
+    for folder in sorted(_counts):
+        c = _counts[folder]
+        tr.write_line(
+            f"{folder:<28} collected {sum(c.values()):>4}  passed {c['passed']:>4}  "
+            f"failed {c['failed']:>3}  skipped {c['skipped']:>3}"
+        )
+    if os.environ.get("CI", "").lower() == "true" and _disallowed_skips():
+        tr.section("skips not allowed under CI")
+        for nodeid, reason in _disallowed_skips():
+            tr.write_line(f"{nodeid}: {reason}")
+        tr.write_line(
+            "CI=true: every skip needs an allowance in tests/conftest.py "
+            f"CI_ALLOWED_SKIP_REASONS {CI_ALLOWED_SKIP_REASONS}; install what the test needs"
+        )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("CI", "").lower() == "true" and _disallowed_skips() and exitstatus == 0:
+        session.exitstatus = 1
