@@ -84,11 +84,36 @@ def test_our_flags_map_onto_sglangs(plugins_loaded, monkeypatch):
     assert cfg.namespace == "request" and not cfg.exact_sampling
 
 
-def test_non_cuda_device_fails_at_start_up(plugins_loaded, monkeypatch):
+def test_devices_other_than_cuda_and_cpu_fail_at_start_up(plugins_loaded, monkeypatch):
     from lookahead.sglang import LookaheadConfigError
 
-    with pytest.raises(LookaheadConfigError, match="needs --device cuda.*got --device cpu"):
-        resolve(["--speculative-algorithm", "LOOKAHEAD", "--device", "cpu"], monkeypatch)
+    with pytest.raises(LookaheadConfigError, match="needs --device cuda or cpu, got --device xpu"):
+        resolve(["--speculative-algorithm", "LOOKAHEAD", "--device", "xpu"], monkeypatch)
+
+
+@pytest.mark.parametrize("asked", ["torch_native", "intel_amx"])
+def test_cpu_without_amx_verifies_with_the_tree_sdpa_backend(plugins_loaded, monkeypatch, asked):
+    """torch_native (SGLang's pick on a CPU without AMX, also for `intel_amx`) has no verify
+    branch, so LOOKAHEAD resolves to ours; flashinfer on CUDA is left alone."""
+    from lookahead.sglang.cpu_attention import TREE_SDPA_BACKEND
+    from sglang.srt.runtime_context import get_platform
+
+    monkeypatch.setitem(object.__getattribute__(get_platform(), "_overrides"), "has_amx", False)
+    argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cpu", "--attention-backend"]
+    _, get = resolve(argv + [asked], monkeypatch)
+    assert get("attention_backend") == TREE_SDPA_BACKEND
+    _, get = resolve(["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"], monkeypatch)
+    assert get("attention_backend") == "flashinfer"
+
+
+def test_cpu_with_amx_keeps_intel_amx(plugins_loaded, monkeypatch):
+    """intel_amx applies the tree mask in its own verify path, so it is kept."""
+    from sglang.srt.runtime_context import get_platform
+
+    monkeypatch.setitem(object.__getattribute__(get_platform(), "_overrides"), "has_amx", True)
+    argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cpu"]
+    _, get = resolve(argv + ["--attention-backend", "intel_amx"], monkeypatch)
+    assert get("attention_backend") == "intel_amx"
 
 
 def test_dp_attention_fails_at_start_up(plugins_loaded, monkeypatch):

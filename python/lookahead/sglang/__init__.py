@@ -69,7 +69,8 @@ def check_sglang_version(installed: str | None = None, skip: bool = False) -> st
 
 
 def register() -> None:
-    """SGLang plugin entry point: registers `LOOKAHEAD` and the `lora_compat` patch.
+    """SGLang plugin entry point: registers `LOOKAHEAD`, the `lora_compat` patch and the
+    CPU tree-attention backend (`lookahead.sglang.cpu_attention`).
 
     Idempotent within a process. Raises `UnsupportedSGLangVersion` on an unsupported SGLang
     (SGLang's `load_plugins` logs it and starts without `LOOKAHEAD`).
@@ -82,8 +83,10 @@ def register() -> None:
     version = check_sglang_version(skip=env.skip_version_check)
     from lookahead.sglang import patches
     from lookahead.sglang.algo import register_algorithm
+    from lookahead.sglang.cpu_attention import register_backend
 
     register_algorithm()
+    register_backend()
     patches.register_patch("lora_compat")
     _registered = True
     logger.info("lookahead: SGLang plugin registered (sglang %s)", version)

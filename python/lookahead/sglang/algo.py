@@ -90,7 +90,7 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
         """NGRAM's server-argument defaults (`_handle_ngram`), then LOOKAHEAD's checks.
 
         Raises `LookaheadConfigError` (a `ValueError`) at start-up for DP attention, a
-        non-CUDA device, PD-disaggregated decode, a budget that does not fit the CUDA-graph
+        device other than CUDA or CPU, PD-disaggregated decode, a budget that does not fit the CUDA-graph
         verify width, NGRAM's external corpora, or `background_indexing: true` with several
         model ranks.
         """
@@ -99,10 +99,10 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
 
         record = unwrap_record(server_args)
         cfg = resolving_view(record)
-        if cfg.device != "cuda":
+        if cfg.device not in ("cuda", "cpu"):
             raise LookaheadConfigError(
-                f"--speculative-algorithm {ALGORITHM_NAME} needs --device cuda (its tree "
-                f"kernels are Triton on CUDA), got --device {cfg.device}"
+                f"--speculative-algorithm {ALGORITHM_NAME} needs --device cuda or cpu, got "
+                f"--device {cfg.device}"
             )
         if attn_dp_enabled_of(cfg):
             raise LookaheadConfigError(
@@ -119,9 +119,34 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
             )
         refuse_external_corpus(cfg)
         _handle_ngram(record)
+        if cfg.device == "cpu":
+            _choose_cpu_attention(record)
         view = resolving_view(record)
         config = ServingConfig.for_server(view, view, read_env().config_json)
         logger.info("lookahead: %s resolved to %s", ALGORITHM_NAME, config.as_dict())
+
+
+def _choose_cpu_attention(record: Any) -> None:
+    """On CPU, SGLang's `torch_native` attention (its choice where the CPU has no AMX) has
+    no verify branch; LOOKAHEAD then uses `cpu_attention`'s tree-masked SDPA instead.
+    `intel_amx` (AMX CPUs) verifies with the tree mask itself and is kept."""
+    from sglang.srt.arg_groups.overrides import (
+        _attention_backend_platform_fallbacks as platform_fallbacks,
+    )
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    from lookahead.sglang.cpu_attention import TREE_SDPA_BACKEND
+
+    view = resolving_view(record)
+    backend = platform_fallbacks(view).get("attention_backend", view.attention_backend)
+    if backend == "torch_native":
+        declare_resolution(record, "lookahead_cpu_attention", attention_backend=TREE_SDPA_BACKEND)
+        logger.info(
+            "lookahead: %s on CPU verifies with attention backend %s (torch_native has no "
+            "tree-mask verify)",
+            ALGORITHM_NAME,
+            TREE_SDPA_BACKEND,
+        )
 
 
 def _worker_factory(server_args: Any) -> type:
