@@ -82,6 +82,9 @@ def test_our_flags_map_onto_sglangs(plugins_loaded, monkeypatch):
     assert (cfg.width, cfg.budget, cfg.max_depth, cfg.capacity_nodes) == (16, 9, 24, 2_000_000)
     assert not cfg.multi_branch and cfg.prompt_weight == 2.0
     assert cfg.namespace == "request" and not cfg.exact_sampling
+    assert cfg.stats_interval_s == 60.0
+    _, get = resolve(argv, monkeypatch, '{"stats_interval_s": 0}')
+    assert serving_config(get).stats_interval_s == 0.0
 
 
 def test_devices_other_than_cuda_and_cpu_fail_at_start_up(plugins_loaded, monkeypatch):
@@ -157,6 +160,8 @@ def test_budget_too_large_for_the_graph_width_fails(plugins_loaded, monkeypatch)
         ('{"index_threads": 1000}', r"index_threads must be an int in \[0, 256\]"),
         ('{"history_skip": [4, 3]}', r"history_skip must be null or \[lo, hi\]"),
         ('{"history_skip": 3}', r"history_skip must be null or \[lo, hi\]"),
+        ('{"stats_interval_s": -1}', r"stats_interval_s must be a number in \[0.0, 86400\]"),
+        ('{"stats_interval_s": true}', "stats_interval_s must be a number in"),
     ],
 )
 def test_bad_lookahead_config_fails_at_start_up(plugins_loaded, monkeypatch, config_json, message):

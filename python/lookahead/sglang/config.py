@@ -61,6 +61,8 @@ EXTRA_KEYS: dict[str, Any] = {
     # pipeline parallelism, where every rank drafts for itself and must draft the same tree:
     # background indexing can reach the node budget, and so evict, at timing-dependent moments.
     "background_indexing": None,
+    # Seconds between the scheduler's `lookahead: cache stats {...}` log lines (0: none).
+    "stats_interval_s": 60.0,
 }
 
 
@@ -170,6 +172,7 @@ class ServingConfig:
     draft_threads: int
     background_indexing: bool | None
     history_skip: tuple[int, int] | None
+    stats_interval_s: float = 60.0
 
     @classmethod
     def from_args(cls, args: Any, config_json: str | None) -> ServingConfig:
@@ -254,6 +257,7 @@ class ServingConfig:
                 else _bool("background_indexing", extra["background_indexing"])
             ),
             history_skip=_skip(extra["history_skip"]),
+            stats_interval_s=_number("stats_interval_s", extra["stats_interval_s"], 0.0, 86400.0),
         )
 
     @classmethod

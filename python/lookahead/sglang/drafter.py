@@ -87,6 +87,11 @@ class LookaheadDrafter:
         """Request ids the cache is tracking."""
         return frozenset(self._ctx_len)
 
+    def stats(self) -> dict[str, int]:
+        """The cache's `stats()`, plus `tracked` (requests followed) and `held` (retracted,
+        waiting for re-admission)."""
+        return {**self.cache.stats(), "tracked": len(self._ctx_len), "held": len(self._held)}
+
     def sync(
         self, reqs: Sequence[Any], pending: Sequence[Sequence[int]] | None = None
     ) -> np.ndarray:

@@ -17,7 +17,9 @@ Per decode step (`_prepare_for_speculative_decoding`, on the host before the gra
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -87,6 +89,16 @@ class LookaheadWorker(NGRAMWorker):
         self.grammar_tree_host = None
         self.prev_token_ids: list[int] = []
         self.prev_accept_lens: list[int] = []
+        self._stats_due = time.monotonic() + config.stats_interval_s
+
+    def _maybe_log_stats(self) -> None:
+        """Every `stats_interval_s` seconds of decoding, one `lookahead: cache stats` line
+        (the trie's `stats()`: nodes against capacity, live requests, namespaces, hits)."""
+        interval = self.config.stats_interval_s
+        if interval <= 0 or time.monotonic() < self._stats_due:
+            return
+        self._stats_due = time.monotonic() + interval
+        logger.info("lookahead: cache stats %s", json.dumps(self.drafter.stats(), sort_keys=True))
 
     # -- drafting ------------------------------------------------------------------------
 
@@ -193,6 +205,7 @@ class LookaheadWorker(NGRAMWorker):
         if not batch.forward_mode.is_decode():
             return
         bs = len(batch.reqs)
+        self._maybe_log_stats()
         tokens, parents, vt = self._build_verify_tensors(batch)
         self.grammar_tree_host = self._host_tree(tokens, parents) if batch.has_grammar else None
 
