@@ -123,6 +123,12 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
             _choose_cpu_attention(record)
         view = resolving_view(record)
         config = ServingConfig.for_server(view, view, read_env().config_json)
+        if cfg.device != "cpu" and config.max_verify_rows is not None:
+            raise LookaheadConfigError(
+                f"LOOKAHEAD_CONFIG: max_verify_rows applies to --device cpu only (on "
+                f"{cfg.device} every step verifies --speculative-num-draft-tokens nodes, the "
+                "width its graphs and overlap relay are built for)"
+            )
         logger.info("lookahead: %s resolved to %s", ALGORITHM_NAME, config.as_dict())
 
 

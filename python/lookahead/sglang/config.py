@@ -63,7 +63,18 @@ EXTRA_KEYS: dict[str, Any] = {
     "background_indexing": None,
     # Seconds between the scheduler's `lookahead: cache stats {...}` log lines (0: none).
     "stats_interval_s": 60.0,
+    # CPU only: at most this many rows (requests x verify width) in one verify forward; each
+    # step verifies max(1, min(N, max_verify_rows // batch size)) nodes per request, the best
+    # ones. None: DEFAULT_CPU_VERIFY_ROWS on CPU; CUDA verifies N always (its graphs and
+    # overlap relay are built at width N), and refuses a value.
+    "max_verify_rows": None,
 }
+# On a 2-core CPU a forward's cost grows about linearly in rows past a few dozen (fp32,
+# SmolLM2-135M: 16 decode rows 236 ms, 128 verify rows 456 ms), so wide trees stop paying
+# as the batch grows. Measured at 16 requests: 16, 32, 64 and 128 rows gave 75.9, 72.8, 79.3
+# and 63.5 tok/s (no speculation 67.7); 64 keeps N = 8 up to 8 requests (BENCHMARKS.md,
+# SGLang serving on CPU).
+DEFAULT_CPU_VERIFY_ROWS = 64
 
 
 class LookaheadConfigError(ValueError):
@@ -173,6 +184,15 @@ class ServingConfig:
     background_indexing: bool | None
     history_skip: tuple[int, int] | None
     stats_interval_s: float = 60.0
+    max_verify_rows: int | None = None
+
+    def verify_width(self, batch_size: int, device: str) -> int:
+        """Nodes verified per request in a decode step of `batch_size` requests on `device`
+        (root included): N on CUDA, capped by `max_verify_rows` on CPU."""
+        if device != "cpu":
+            return self.width
+        cap = DEFAULT_CPU_VERIFY_ROWS if self.max_verify_rows is None else self.max_verify_rows
+        return max(1, min(self.width, cap // max(1, batch_size)))
 
     @classmethod
     def from_args(cls, args: Any, config_json: str | None) -> ServingConfig:
@@ -258,6 +278,11 @@ class ServingConfig:
             ),
             history_skip=_skip(extra["history_skip"]),
             stats_interval_s=_number("stats_interval_s", extra["stats_interval_s"], 0.0, 86400.0),
+            max_verify_rows=(
+                None
+                if extra["max_verify_rows"] is None
+                else _int("max_verify_rows", extra["max_verify_rows"], 1, 1 << 20)
+            ),
         )
 
     @classmethod

@@ -7,7 +7,8 @@ Per decode step (`_prepare_for_speculative_decoding`, on the host before the gra
 1. the verified tokens since the last step (from `output_ids`, plus the overlap scheduler's
    not-yet-appended tokens, read exactly as NGRAM reads them) are streamed into the cache;
    a request seen for the first time is started with its whole prompt;
-2. one `draft_batch` call drafts every request's tree, padded to N nodes as NGRAM pads;
+2. one `draft_batch` call drafts every request's tree, padded to N nodes as NGRAM pads
+   (on CPU a step may verify only each tree's best nodes: `ServingConfig.verify_width`);
 3. one `tree_metadata` and one `build_full_mask` launch build positions, SGLang's
    retrieve arrays and the attention mask for the batch (NGRAM: a tree-mask kernel plus a
    per-request Python loop);
@@ -79,6 +80,7 @@ class LookaheadWorker(NGRAMWorker):
         """The LOOKAHEAD state of the worker (everything drafting reads)."""
         self.config = config
         self.device = device
+        self._device_type = torch.device(device).type
         self.enable_overlap = enable_overlap
         self.draft_token_num = config.width
         self.drafter = LookaheadDrafter(config)
@@ -176,8 +178,14 @@ class LookaheadWorker(NGRAMWorker):
         return self.drafter.draft([req.rid for req in batch.reqs], roots)
 
     def _build_verify_tensors(self, batch: Any) -> tuple[np.ndarray, np.ndarray, VerifyTensors]:
-        """Drafts and builds the verify tensors of a decode batch (no SGLang pools touched)."""
+        """Drafts and builds the verify tensors of a decode batch (no SGLang pools touched),
+        at this step's width `self.draft_token_num`: the first nodes of each tree, which are
+        its best (drafts are best-first, parents before children, so a prefix is a tree)."""
         tokens, parents = self._prepare_draft_tokens(batch)
+        width = self.draft_token_num
+        if width < tokens.shape[1]:
+            tokens = np.ascontiguousarray(tokens[:, :width])
+            parents = np.ascontiguousarray(parents[:, :width])
         if batch.seq_lens_cpu is not None:
             seq_lens_sum = int(batch.seq_lens_cpu.sum())
         else:
@@ -201,6 +209,46 @@ class LookaheadWorker(NGRAMWorker):
         )
         return meta.mask.reshape(-1).numpy(), tokens.reshape(-1).astype(np.int64)
 
+    def _step_width(self, batch: Any) -> int:
+        """This step's verify width: `ServingConfig.verify_width` for a decode batch, N for
+        anything else and for batches that return logprobs (their logits rows keep NGRAM's
+        layout). Only the CPU engine narrows it: it runs no graphs, and SGLang turns the
+        overlap relay off there for NGRAM-style workers."""
+        if not batch.forward_mode.is_decode() or batch.return_logprob:
+            return self.config.width
+        return self.config.verify_width(len(batch.reqs), self._device_type)
+
+    def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """NGRAM's step at this step's width (its verify reads `draft_token_num`); a
+        narrower step's accepted tokens are padded back to NGRAM's N per request, the stride
+        the scheduler reads, merges and filters them with."""
+        width = self._step_width(batch)
+        self.draft_token_num = width
+        try:
+            result = super().forward_batch_generation(batch, *args, **kwargs)
+        finally:
+            self.draft_token_num = self.config.width
+        if width != self.config.width:
+            self._pad_result(result, len(batch.reqs), width)
+        return result
+
+    def _pad_result(self, result: Any, bs: int, width: int) -> None:
+        from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+        full = self.config.width
+        ids = result.next_token_ids.view(bs, width)
+        padded = ids.new_zeros((bs, full))
+        padded[:, :width] = ids
+        padded = padded.flatten()
+        result.next_token_ids = padded
+        relay = result.next_draft_input
+        result.next_draft_input = NgramVerifyInput(
+            draft_token_num=full,
+            new_seq_lens=relay.new_seq_lens,
+            accept_tokens=padded,
+            accept_lens=relay.accept_lens,
+        )
+
     def _prepare_for_speculative_decoding(self, batch: Any) -> None:
         if not batch.forward_mode.is_decode():
             return
@@ -209,16 +257,22 @@ class LookaheadWorker(NGRAMWorker):
         tokens, parents, vt = self._build_verify_tensors(batch)
         self.grammar_tree_host = self._host_tree(tokens, parents) if batch.has_grammar else None
 
-        draft_tokens = self.draft_tokens_batch[bs]
-        positions = self.positions_batch[bs]
-        retrieve_index = self.retrieve_indexes_batch[bs]
-        retrieve_next_token = self.retrieve_next_token_batch[bs]
-        retrieve_next_sibling = self.retrieve_next_sibling_batch[bs]
-        draft_tokens.copy_(vt.draft_tokens)
-        positions.copy_(vt.positions)
-        retrieve_index.copy_(vt.retrieve_index)
-        retrieve_next_token.copy_(vt.retrieve_next_token)
-        retrieve_next_sibling.copy_(vt.retrieve_next_sibling)
+        if self.draft_token_num == self.config.width:
+            # NGRAM's buffers: fixed addresses for the CUDA graphs captured at width N.
+            draft_tokens = self.draft_tokens_batch[bs]
+            positions = self.positions_batch[bs]
+            retrieve_index = self.retrieve_indexes_batch[bs]
+            retrieve_next_token = self.retrieve_next_token_batch[bs]
+            retrieve_next_sibling = self.retrieve_next_sibling_batch[bs]
+            draft_tokens.copy_(vt.draft_tokens)
+            positions.copy_(vt.positions)
+            retrieve_index.copy_(vt.retrieve_index)
+            retrieve_next_token.copy_(vt.retrieve_next_token)
+            retrieve_next_sibling.copy_(vt.retrieve_next_sibling)
+        else:  # a narrower CPU step: no graph, so the fresh tensors serve as they are
+            draft_tokens, positions = vt.draft_tokens, vt.positions
+            retrieve_index, retrieve_next_token = vt.retrieve_index, vt.retrieve_next_token
+            retrieve_next_sibling = vt.retrieve_next_sibling
 
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = draft_tokens
