@@ -113,9 +113,13 @@ def test_exact_sample_runs_sglangs_logit_path_then_our_verifier(plugins_loaded, 
         assert predict[accept_index[b, :n].long()].tolist() == emitted(res, tokens, b)
 
 
-def test_only_lookahead_cuda_sampling_batches_take_our_path(plugins_loaded):
-    from lookahead.sglang import patches
+def test_only_lookahead_sampling_batches_take_our_path_on_cpu_too(plugins_loaded, monkeypatch):
+    """NGRAM's inputs stay on SGLang's path; LOOKAHEAD's CPU sampling batches take ours, since
+    SGLang's `eagle_sample` verifies every CPU batch greedily (`_verify_uses_greedy`)."""
+    import sglang.srt.runtime_context as runtime_context
+    from lookahead.sglang import patches, verify
     from lookahead.sglang.verify import LookaheadVerifyInput
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
     calls = []
@@ -124,10 +128,12 @@ def test_only_lookahead_cuda_sampling_batches_take_our_path(plugins_loaded):
         calls.append((args, kwargs))
         return "sglang"
 
+    spec = SimpleNamespace(speculative_use_rejection_sampling=False)
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
+    monkeypatch.setattr(verify, "exact_tree_sample", lambda vi, b, lo: "ours")
     mask = torch.ones(4, dtype=torch.bool)
     ngram = NgramVerifyInput(custom_mask=mask, draft_token_num=2)
     assert patches._exact_sampling(original, ngram, "batch", "logits", None) == "sglang"
-    # A LOOKAHEAD input on CPU tensors stays on SGLang's path (ours is for CUDA batches).
     ours = LookaheadVerifyInput(
         custom_mask=mask,
         draft_token_num=2,
@@ -135,17 +141,47 @@ def test_only_lookahead_cuda_sampling_batches_take_our_path(plugins_loaded):
         tree_parents=torch.tensor([[-1, 0]], dtype=torch.int32),
         exact_sampling=True,
     )
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     batch = SimpleNamespace(
         forward_mode=ForwardMode.TARGET_VERIFY,
         sampling_info=SimpleNamespace(is_all_greedy=False, has_watermark_candidates=False),
     )
+    assert patches._exact_sampling(original, ours, batch, "logits", None) == "ours"
+    batch.sampling_info.is_all_greedy = True
     assert (
         patches._exact_sampling(original, ours, batch, "logits", None, watermark_state=None)
         == "sglang"
     )
     assert len(calls) == 2 and calls[1][1] == {"watermark_state": None}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cpu_filters_are_sglangs_cpu_sampler(seed):
+    """Top-k, top-p and min-p as SGLang's CPU sampler keeps them (its own function's
+    filtered weights, scattered back and renormalised)."""
+    from lookahead.sglang.verify import cpu_filtered_probs
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+
+    gen = torch.Generator().manual_seed(seed)
+    bs, width, vocab = 3, 2, 11
+    probs = torch.softmax(torch.randn(bs * width, vocab, generator=gen) * 2, -1)
+    info = SimpleNamespace(
+        need_top_k_sampling=True,
+        need_top_p_sampling=True,
+        need_min_p_sampling=True,
+        top_ks=torch.tensor([1, 4, vocab]),
+        top_ps=torch.tensor([1.0, 0.6, 0.3]),
+        min_ps=torch.tensor([0.0, 0.05, 0.2]),
+    )
+    got = cpu_filtered_probs(probs.clone(), info, width)
+    rep = lambda t: torch.repeat_interleave(t, width, dim=0)  # noqa: E731
+    _, kept, idx, _ = top_k_top_p_min_p_sampling_from_probs_torch(
+        probs.clone(), rep(info.top_ks), rep(info.top_ps), rep(info.min_ps), True, None,
+        torch.zeros(bs * width, dtype=torch.int64), return_filtered_probs=True,
+    )  # fmt: skip
+    want = torch.zeros_like(probs).scatter_(-1, idx.long(), kept)
+    want = want / want.sum(-1, keepdim=True)
+    torch.testing.assert_close(got, want)
+    assert (got[:width] > 0).sum(-1).tolist() == [1, 1]  # top_k 1 leaves the argmax
 
 
 def test_cuda_sampling_batches_take_our_path_unless_sglang_must(plugins_loaded, monkeypatch):

@@ -153,9 +153,11 @@ def to_sglang_accept_layout(
 
 
 def takes_exact_path(verify_input: Any, batch: Any, grammar_mask: Any, kwargs: dict) -> bool:
-    """Whether a LOOKAHEAD verify goes to our exact sampler: enabled, a non-greedy CUDA batch,
-    and none of the features SGLang's sampler handles that ours does not (grammar, watermark,
-    rejection sampling with draft probabilities, simulated acceptance)."""
+    """Whether a LOOKAHEAD verify goes to our exact sampler: enabled, a non-greedy batch, and
+    none of the features SGLang's sampler handles that ours does not (grammar, watermark,
+    rejection sampling with draft probabilities, simulated acceptance). On CPU this is the
+    only exact path: SGLang's `eagle_sample` verifies every CPU batch greedily
+    (`_verify_uses_greedy`), so a sampled request would get argmax tokens."""
     from sglang.srt.runtime_context import get_spec
     from sglang.srt.speculative.spec_utils import SIMULATE_ACC_LEN
 
@@ -163,13 +165,38 @@ def takes_exact_path(verify_input: Any, batch: Any, grammar_mask: Any, kwargs: d
         return False
     if batch.forward_mode.is_idle() or batch.sampling_info.is_all_greedy:
         return False
-    if grammar_mask is not None or not verify_input.tree_tokens.is_cuda:
+    if grammar_mask is not None:
         return False
     if kwargs.get("watermark_state") is not None and batch.sampling_info.has_watermark_candidates:
         return False
     if get_spec().speculative_use_rejection_sampling or SIMULATE_ACC_LEN > 0:
         return False
     return True
+
+
+def cpu_filtered_probs(probs: torch.Tensor, sampling_info: Any, width: int) -> torch.Tensor:
+    """Top-k, top-p and min-p as SGLang's CPU sampler applies them
+    (`top_k_top_p_min_p_sampling_from_probs_torch`: both cuts on the sorted probabilities,
+    top-p on the unfiltered cumulative mass, then min-p against the largest), renormalised.
+    SGLang has no CPU renorm kernels (`kernels/ops/sampling/renorm.py` leaves them None)."""
+    need_k = sampling_info.need_top_k_sampling
+    need_p = sampling_info.need_top_p_sampling
+    need_min_p = getattr(sampling_info, "need_min_p_sampling", False)
+    if not (need_k or need_p or need_min_p):
+        return probs
+    sort, idx = probs.sort(dim=-1, descending=True)
+    csum = sort.cumsum(dim=-1)
+    if need_k:
+        ks = torch.repeat_interleave(sampling_info.top_ks, width, dim=0).view(-1, 1)
+        sort[torch.arange(sort.shape[-1], device=sort.device).view(1, -1) >= ks] = 0.0
+    if need_p:
+        ps = torch.repeat_interleave(sampling_info.top_ps, width, dim=0).view(-1, 1)
+        sort[(csum - sort) > ps] = 0.0
+    if need_min_p:
+        mins = torch.repeat_interleave(sampling_info.min_ps, width, dim=0).view(-1, 1)
+        sort[sort < sort[:, :1] * mins] = 0.0
+    out = torch.zeros_like(probs).scatter_(-1, idx, sort)
+    return out / out.sum(dim=-1, keepdim=True)
 
 
 def exact_tree_sample(
@@ -201,7 +228,9 @@ def exact_tree_sample(
         logits.add_(torch.repeat_interleave(sampling_info.logit_bias, width, dim=0))
     temperature = torch.repeat_interleave(sampling_info.temperatures, width, dim=0)
     probs = eagle_utils.sampling_softmax(logits, temperatures=temperature)
-    if sampling_info.need_top_k_sampling:
+    if not probs.is_cuda:
+        probs = cpu_filtered_probs(probs, sampling_info, width)
+    elif sampling_info.need_top_k_sampling:
         probs = eagle_utils.top_k_renorm_prob(
             probs, torch.repeat_interleave(sampling_info.top_ks, width, dim=0)
         )
