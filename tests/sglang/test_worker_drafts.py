@@ -521,3 +521,45 @@ def test_request_namespaces_share_nothing_and_keep_no_history(plugins_loaded):
     worker.drafter.finish(["w", "r"])
     # No shared history (and no namespace per request) outlives the requests.
     assert worker.drafter.cache.stats()["nodes"] == 0
+
+
+def test_cpu_steps_narrow_only_where_proven(plugins_loaded):
+    """Narrower verify steps need CPU, no overlap relay, the plugin's tree attention, and a
+    batch whose rows (logprobs, hidden states) are not read at NGRAM's N per request."""
+    from lookahead.sglang.worker import LookaheadWorker
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    def batch(bs, **kw):
+        fields = dict(return_logprob=False, return_hidden_states=False)
+        fields.update(kw)
+        return SimpleNamespace(forward_mode=ForwardMode.DECODE, reqs=[None] * bs, **fields)
+
+    worker = make_worker(width=8)  # CPU, the tree backend, default cap 64 rows
+    assert [worker._step_width(batch(bs)) for bs in (1, 8, 9, 16, 64, 65)] == [8, 8, 7, 4, 1, 1]
+    assert worker._step_width(batch(16, return_logprob=True)) == 8
+    assert worker._step_width(batch(16, return_hidden_states=True)) == 8
+    extend = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[None] * 16)
+    assert worker._step_width(extend) == 8
+    assert make_worker(width=8, overlap=True)._step_width(batch(16)) == 8
+    amx = LookaheadWorker.__new__(LookaheadWorker)
+    amx._init_lookahead(
+        worker.config,
+        device=torch.device("cpu"),
+        enable_overlap=False,
+        attention_backend="intel_amx",
+    )
+    assert amx._step_width(batch(16)) == 8
+
+
+def test_a_narrow_steps_tokens_are_padded_back_to_n(plugins_loaded):
+    worker = make_worker(width=4)
+    ids = torch.tensor([5, 6, 7, 8, 9, 10])  # 3 requests at width 2
+    relay = SimpleNamespace(
+        new_seq_lens=torch.tensor([3, 4, 5]), accept_lens=torch.tensor([2, 1, 2])
+    )
+    result = SimpleNamespace(next_token_ids=ids, next_draft_input=relay)
+    worker._pad_result(result, bs=3, width=2)
+    assert result.next_token_ids.tolist() == [5, 6, 0, 0, 7, 8, 0, 0, 9, 10, 0, 0]
+    nxt = result.next_draft_input
+    assert nxt.draft_token_num == 4 and nxt.accept_tokens is result.next_token_ids
+    assert nxt.accept_lens.tolist() == [2, 1, 2] and nxt.new_seq_lens.tolist() == [3, 4, 5]

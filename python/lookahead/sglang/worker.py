@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -39,12 +40,24 @@ from sglang.srt.speculative.ngram_worker import (
 from lookahead.kernels import tree_metadata
 from lookahead.sglang import patches
 from lookahead.sglang.config import LookaheadConfigError, ServingConfig, read_env
+from lookahead.sglang.cpu_attention import TREE_SDPA_BACKEND
 from lookahead.sglang.drafter import LookaheadDrafter
 from lookahead.sglang.verify import LookaheadVerifyInput, VerifyTensors, build_verify_tensors
 
 __all__ = ["LookaheadWorker"]
 
 logger = logging.getLogger(__name__)
+
+
+def _attention_backend_of(model_runner: Any) -> str | None:
+    """The name of the attention backend the target's verify forward runs (SGLang records
+    the resolved prefill / decode names on the backend it built); None if they differ."""
+    backend = getattr(model_runner, "attn_backend", None)
+    names = {
+        getattr(backend, "prefill_attention_backend_str", None),
+        getattr(backend, "decode_attention_backend_str", None),
+    }
+    return names.pop() if len(names) == 1 else None
 
 
 class LookaheadWorker(NGRAMWorker):
@@ -69,6 +82,7 @@ class LookaheadWorker(NGRAMWorker):
             config,
             device=get_device().device,
             enable_overlap=not get_schedule().disable_overlap_schedule,
+            attention_backend=None,  # the target's backend is built after this worker
         )
         if config.exact_sampling and patches.register_patch("exact_sampling"):
             from sglang.srt.plugins.hook_registry import HookRegistry
@@ -76,11 +90,25 @@ class LookaheadWorker(NGRAMWorker):
             HookRegistry.apply_hooks()
         logger.info("lookahead: LOOKAHEAD worker ready: %s", config.as_dict())
 
-    def _init_lookahead(self, config: ServingConfig, device: Any, enable_overlap: bool) -> None:
+    def _init_lookahead(
+        self,
+        config: ServingConfig,
+        device: Any,
+        enable_overlap: bool,
+        attention_backend: str | None = TREE_SDPA_BACKEND,
+    ) -> None:
         """The LOOKAHEAD state of the worker (everything drafting reads)."""
         self.config = config
         self.device = device
-        self._device_type = torch.device(device).type
+        # Narrower verify steps only where they were proven: CPU, no overlap relay, and the
+        # plugin's tree attention (intel_amx sizes its verify by the configured N). None:
+        # decided at the first decode step, from the backend the target model runs.
+        self._narrow_steps: bool | None = None
+        if torch.device(device).type != "cpu" or enable_overlap:
+            self._narrow_steps = False
+        elif attention_backend is not None:
+            self._narrow_steps = attention_backend == TREE_SDPA_BACKEND
+        self._step_widths: Counter = Counter()
         self.enable_overlap = enable_overlap
         self.draft_token_num = config.width
         self.drafter = LookaheadDrafter(config)
@@ -100,7 +128,8 @@ class LookaheadWorker(NGRAMWorker):
         if interval <= 0 or time.monotonic() < self._stats_due:
             return
         self._stats_due = time.monotonic() + interval
-        logger.info("lookahead: cache stats %s", json.dumps(self.drafter.stats(), sort_keys=True))
+        stats = {**self.drafter.stats(), "verify_widths": dict(self._step_widths)}
+        logger.info("lookahead: cache stats %s", json.dumps(stats, sort_keys=True))
 
     # -- drafting ------------------------------------------------------------------------
 
@@ -114,7 +143,7 @@ class LookaheadWorker(NGRAMWorker):
         `seq_lens_cpu[i] + 1` (the root's KV comes next) minus the padded prompt and
         `output_ids`."""
         bs = len(batch.reqs)
-        stride = self.draft_token_num
+        stride = self.config.width  # the relay is always N per request (`_pad_result`)
         if not (self.enable_overlap and not batch.grammar_needs_sync()):
             self.prev_token_ids, self.prev_accept_lens = [], [0] * bs
             return None
@@ -211,12 +240,26 @@ class LookaheadWorker(NGRAMWorker):
 
     def _step_width(self, batch: Any) -> int:
         """This step's verify width: `ServingConfig.verify_width` for a decode batch, N for
-        anything else and for batches that return logprobs (their logits rows keep NGRAM's
-        layout). Only the CPU engine narrows it: it runs no graphs, and SGLang turns the
-        overlap relay off there for NGRAM-style workers."""
-        if not batch.forward_mode.is_decode() or batch.return_logprob:
+        anything else and for batches that return logprobs or hidden states (their rows keep
+        NGRAM's layout, N per request). Only the CPU engine with the plugin's attention
+        narrows it: it runs no graphs, and SGLang turns the overlap relay off there for
+        NGRAM-style workers."""
+        if self._narrow_steps is None:
+            backend = _attention_backend_of(self.model_runner)
+            self._narrow_steps = backend == TREE_SDPA_BACKEND
+            logger.info(
+                "lookahead: attention backend %s: narrower CPU verify steps %s",
+                backend,
+                "on" if self._narrow_steps else "off",
+            )
+        if (
+            not self._narrow_steps
+            or not batch.forward_mode.is_decode()
+            or batch.return_logprob
+            or getattr(batch, "return_hidden_states", False)
+        ):
             return self.config.width
-        return self.config.verify_width(len(batch.reqs), self._device_type)
+        return self.config.verify_width(len(batch.reqs), "cpu")
 
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         """NGRAM's step at this step's width (its verify reads `draft_token_num`); a
@@ -224,6 +267,8 @@ class LookaheadWorker(NGRAMWorker):
         the scheduler reads, merges and filters them with."""
         width = self._step_width(batch)
         self.draft_token_num = width
+        if batch.forward_mode.is_decode():
+            self._step_widths[width] += 1
         try:
             result = super().forward_batch_generation(batch, *args, **kwargs)
         finally:
