@@ -30,7 +30,7 @@ def one_torch_thread():
 CI_ALLOWED_SKIP_REASONS = ("needs a CUDA GPU",)
 
 _skips: list[tuple[str, str]] = []
-_counts: dict[str, dict[str, int]] = {}
+_outcomes: dict[str, str] = {}  # nodeid -> passed / failed / skipped / xfailed (a module too)
 
 
 def _folder(nodeid: str) -> str:
@@ -46,25 +46,22 @@ def _skip_reason(report) -> str:
     return str(longrepr)
 
 
-def _tally(nodeid: str, outcome: str) -> None:
-    folder = _counts.setdefault(_folder(nodeid), {"passed": 0, "failed": 0, "skipped": 0})
-    folder[outcome] = folder.get(outcome, 0) + 1
-
-
 def pytest_collectreport(report):
     if report.skipped:  # a whole module skipped at import (importorskip)
         _skips.append((report.nodeid, _skip_reason(report)))
-        _tally(report.nodeid, "skipped")
+        _outcomes[report.nodeid] = "skipped"
+    elif report.failed:  # a module that failed to import
+        _outcomes[report.nodeid] = "failed"
 
 
 def pytest_runtest_logreport(report):
-    if report.when == "call" or (report.when == "setup" and not report.passed):
-        if report.skipped and not hasattr(report, "wasxfail"):
-            _skips.append((report.nodeid, _skip_reason(report)))
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _skips.append((report.nodeid, _skip_reason(report)))
+    if report.failed:  # in setup, call or teardown: the test failed
+        _outcomes[report.nodeid] = "failed"
+    elif report.when == "call" or (report.when == "setup" and report.skipped):
         outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
-        _tally(report.nodeid, outcome)
-    elif report.when == "teardown" and report.failed:
-        _tally(report.nodeid, "failed")
+        _outcomes.setdefault(report.nodeid, outcome)
 
 
 def _disallowed_skips() -> list[tuple[str, str]]:
@@ -73,12 +70,17 @@ def _disallowed_skips() -> list[tuple[str, str]]:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr = terminalreporter
+    counts: dict[str, dict[str, int]] = {}
+    for nodeid, outcome in _outcomes.items():
+        c = counts.setdefault(_folder(nodeid), {"passed": 0, "failed": 0, "skipped": 0})
+        c[outcome] = c.get(outcome, 0) + 1
     tr.section("results per folder")
-    for folder in sorted(_counts):
-        c = _counts[folder]
+    for folder in sorted(counts):
+        c = counts[folder]
+        xfailed = f"  xfailed {c['xfailed']:>3}" if c.get("xfailed") else ""
         tr.write_line(
             f"{folder:<28} collected {sum(c.values()):>4}  passed {c['passed']:>4}  "
-            f"failed {c['failed']:>3}  skipped {c['skipped']:>3}"
+            f"failed {c['failed']:>3}  skipped {c['skipped']:>3}{xfailed}"
         )
     if os.environ.get("CI", "").lower() == "true" and _disallowed_skips():
         tr.section("skips not allowed under CI")

@@ -108,25 +108,30 @@ class CpuServer:
 
     def start(self) -> None:
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            self.cmd,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,  # one process group: the launcher and its schedulers
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,  # one process group: the launcher and its schedulers
+            )
+            self._wait_ready()
+        except BaseException:  # a failed start (or Ctrl-C, a test timeout) leaves nothing
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                self.stop()
                 raise ServerFailed(f"server exited with {self.proc.returncode}: {self.tail()}")
             try:
                 self.get("/model_info", timeout=2)
                 return
-            except (OSError, urllib.error.URLError):
+            except (OSError, urllib.error.URLError, ValueError):
                 time.sleep(0.5)
-        self.stop()
         raise ServerFailed(f"server not up in {self.start_timeout_s:.0f} s: {self.tail()}")
 
     def stop(self) -> None:
@@ -139,7 +144,10 @@ class CpuServer:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                self.proc.wait(timeout=30)
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass  # unkillable: leave it to the OS rather than hang the tests
         if self.proc is not None:
             try:  # schedulers left behind by a launcher that died first
                 os.killpg(self.proc.pid, signal.SIGKILL)

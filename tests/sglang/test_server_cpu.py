@@ -107,6 +107,7 @@ def test_greedy_outputs_equal_no_speculation_with_drafts_accepted(request, refer
 
 
 def test_lookahead_worker_and_backend_are_the_ones_serving(lookahead):
+    lookahead.generate(PROMPTS[0], max_new_tokens=MAX_NEW)  # decodes, so stats get logged
     log = lookahead.log()
     assert "lookahead: LOOKAHEAD worker ready" in log
     assert "'attention_backend': 'lookahead_tree_sdpa'" in log
@@ -122,6 +123,9 @@ def test_concurrent_requests_equal_no_speculation(lookahead, reference, concurre
     for p, out in zip(prompts, outs):
         assert out["output_ids"] == reference(p, max_new_tokens=64)["output_ids"], p
     assert sum(accepted(o["meta_info"]) for o in outs) > 0
+    if concurrency == 16:  # past 8 requests the CPU steps verify fewer nodes (max_verify_rows)
+        widths = lookahead.stats_lines()[-1]["verify_widths"]
+        assert any(int(w) < WIDTH for w in widths), widths
 
 
 def test_a_4k_token_prompt(lookahead, reference):
@@ -176,6 +180,23 @@ def test_openai_completions_equal_no_speculation(lookahead, plain, llama_dir):
             texts.append(r.choices[0].text)
             assert r.usage.completion_tokens > 0
         assert texts[0] == texts[1], p
+
+
+def test_sampled_requests_sample_and_top_k_1_is_greedy(lookahead, reference):
+    """Sampling goes through LOOKAHEAD's exact tree sampler on CPU (SGLang's own verify is
+    greedy on every CPU batch): top-k 1 gives the greedy answer with drafts accepted, and
+    plain temperature sampling does not (an argmax verify would)."""
+    greedy_hits, drafted = 0, 0
+    for p in PROMPTS[:4]:
+        want = reference(p, max_new_tokens=64)["output_ids"]
+        out = lookahead.generate(p, max_new_tokens=64, temperature=1.0, top_k=1)
+        assert out["output_ids"] == want, p
+        drafted += accepted(out["meta_info"])
+        hot = lookahead.generate(p, max_new_tokens=64, temperature=2.0)
+        assert len(hot["output_ids"]) > 0
+        greedy_hits += hot["output_ids"] == want
+    assert drafted > 0
+    assert greedy_hits < 4, "temperature 2 sampled exactly the greedy answers: argmax verify?"
 
 
 def _later_requests_still_exact(server, reference) -> None:
@@ -244,7 +265,8 @@ def small(llama_dir, logs):
         str(SMALL_CAPACITY),
     ]
     env = {
-        "LOOKAHEAD_CONFIG": json.dumps({"stats_interval_s": 0.2}),
+        # few verify rows: narrower steps from 3 requests on, retracted and re-admitted too
+        "LOOKAHEAD_CONFIG": json.dumps({"stats_interval_s": 0.2, "max_verify_rows": 16}),
         # SGLang's own switch for testing retraction: also retract every 7th forward step
         "SGLANG_TEST_RETRACT": "1",
         "SGLANG_TEST_RETRACT_INTERVAL": "7",
@@ -262,6 +284,8 @@ def test_retraction_keeps_every_request_exact(small, reference):
         outs = list(pool.map(lambda p: small.generate(p, **params), prompts))
     retracted = sum(o["meta_info"].get("num_retractions", 0) for o in outs)
     assert retracted > 0, "the KV pool was large enough: nothing was retracted"
+    widths = small.stats_lines()[-1]["verify_widths"]
+    assert any(int(w) < WIDTH for w in widths), widths  # narrow steps were retracted too
     for p, out in zip(prompts, outs):
         assert out["output_ids"] == reference(p, **params)["output_ids"], p
 
