@@ -61,13 +61,14 @@ def placeholder_getattr(module_name: str):
 __getattr__ = placeholder_getattr("sgl_kernel")
 
 
-def _spans(start: torch.Tensor, end: torch.Tensor) -> list[tuple[int, int, int]]:
-    """(start, end, offset into the packed output) per request, as the Triton kernels
-    compute the offset: the sum of the earlier requests' lengths."""
-    starts, ends = start.tolist(), end.tolist()
+def _packed_spans(
+    req_pool_indices: torch.Tensor, start: torch.Tensor, end: torch.Tensor
+) -> list[tuple[int, int, int, int]]:
+    """(pool row, start, end, offset into the packed list) per request, the offset computed
+    as the Triton kernels compute it: the sum of the earlier requests' lengths."""
     out, offset = [], 0
-    for s, e in zip(starts, ends):
-        out.append((s, e, offset))
+    for row, s, e in zip(req_pool_indices.tolist(), start.tolist(), end.tolist()):
+        out.append((row, s, e, offset))
         offset += e - s
     return out
 
@@ -82,10 +83,8 @@ def assign_extend_cache_locs_cpu(
 ) -> None:
     """Packs `req_to_token[req, start:end]` of every request into `out_cache_loc`, one
     after the other (`kernels/ops/speculative/cache_locs.py: assign_extend_cache_locs`)."""
-    rows = req_pool_indices.tolist()
-    for row, (s, e, off) in zip(rows, _spans(start_offset, end_offset)):
-        if e > s:
-            out_cache_loc[off : off + e - s] = req_to_token[row, s:e].to(out_cache_loc.dtype)
+    for row, s, e, off in _packed_spans(req_pool_indices, start_offset, end_offset):
+        out_cache_loc[off : off + e - s] = req_to_token[row, s:e].to(out_cache_loc.dtype)
 
 
 def assign_req_to_token_pool_cpu(
@@ -99,10 +98,8 @@ def assign_req_to_token_pool_cpu(
     """The inverse of `assign_extend_cache_locs_cpu`: writes the packed `out_cache_loc`
     into `req_to_token[req, start:end]` (`mem_cache/allocation.py:
     assign_req_to_token_pool`)."""
-    rows = req_pool_indices.tolist()
-    for row, (s, e, off) in zip(rows, _spans(start_offset, end_offset)):
-        if e > s:
-            req_to_token[row, s:e] = out_cache_loc[off : off + e - s].to(req_to_token.dtype)
+    for row, s, e, off in _packed_spans(req_pool_indices, start_offset, end_offset):
+        req_to_token[row, s:e] = out_cache_loc[off : off + e - s].to(req_to_token.dtype)
 
 
 def assign_draft_cache_locs_contiguous_cpu(
