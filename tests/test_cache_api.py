@@ -565,3 +565,44 @@ def test_extend_batch_is_extend_per_request():
         with pytest.raises(InvalidInput, match=match):
             many.extend_batch(rids, [1, 2], lengths)
     assert many.stats() == before
+
+
+def test_huge_or_lying_lengths_are_refused_not_aborted():
+    """`len()` is never trusted for an allocation: `range(2**40)` once aborted the
+    interpreter reserving 4 TiB; now every method refuses it in one line, at once."""
+    import collections.abc
+
+    import lookahead
+    from lookahead import _core
+
+    c = lookahead.LookaheadCache(max_depth=8, capacity_nodes=10_000)
+    c.start_request("r", [1, 2, 3])
+
+    class Claims(collections.abc.Sequence):
+        """A sequence whose `len()` says `n` while it holds `items`."""
+
+        def __init__(self, n, items):
+            self.n, self.items = n, items
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+    huge = [range(2**40), range(_core.MAX_IDS_PER_CALL + 1), Claims(2**62, [1, 2])]
+    calls = (
+        lambda ids: c.extend("r", ids),
+        lambda ids: c.step("r", ids, budget=4),
+        lambda ids: c.start_request("r2", ids),
+        lambda ids: c.add_history([ids]),
+        lambda ids: c.extend_batch(["r"], ids, [3]),
+    )
+    for ids in huge:
+        for call in calls:
+            with pytest.raises(lookahead.InvalidInput, match="token ids in one call"):
+                call(ids)
+    # A short `len()` is only a hint: every item given is read.
+    c.extend("r", Claims(1, [4, 5, 6, 7]))
+    c.extend("r", range(5))
+    assert c.stats()["live_requests"] == 1

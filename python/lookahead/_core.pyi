@@ -15,10 +15,12 @@ __all__ = [
     "_time_index",
     "MAX_BUDGET",
     "MAX_DEPTH",
+    "MAX_IDS_PER_CALL",
 ]
 
 MAX_BUDGET: int
 MAX_DEPTH: int
+MAX_IDS_PER_CALL: int  # token ids one call takes at most (longer inputs: InvalidInput)
 
 _Rid = int | str | np.integer[Any]
 _U32 = npt.NDArray[np.uint32]

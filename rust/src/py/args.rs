@@ -109,18 +109,55 @@ pub fn namespace(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     }
 }
 
+/// The most token ids one call takes (1 GiB of `u32`): a longer input, or a sequence whose
+/// `len()` claims more, is refused before anything is allocated for it, so no input can make
+/// the process abort on an allocation (`range(2**40)` once did).
+pub const MAX_IDS_PER_CALL: usize = 1 << 28;
+
+/// The most ids reserved ahead from a `len()` that is not backed by stored elements.
+const TRUSTED_RESERVE: usize = 1 << 16;
+
+fn too_many(py: Python<'_>, what: &str, n: impl std::fmt::Display) -> PyErr {
+    invalid(
+        py,
+        format!("{what}: {n} token ids in one call; at most {MAX_IDS_PER_CALL} are taken"),
+    )
+}
+
+fn check_count(py: Python<'_>, what: &str, n: usize) -> PyResult<()> {
+    if n > MAX_IDS_PER_CALL {
+        return Err(too_many(py, what, n));
+    }
+    Ok(())
+}
+
+/// Appends one id, growing `out` fallibly (an allocation failure is an error, not an abort).
+fn push_id(out: &mut Vec<u32>, v: u32, py: Python<'_>, what: &str) -> PyResult<()> {
+    if out.len() == out.capacity() {
+        if out.len() >= MAX_IDS_PER_CALL {
+            return Err(too_many(py, what, format!("more than {MAX_IDS_PER_CALL}")));
+        }
+        out.try_reserve(out.len().clamp(1024, MAX_IDS_PER_CALL - out.len()))
+            .map_err(|e| invalid(py, format!("{what}: cannot allocate the ids: {e}")))?;
+    }
+    out.push(v);
+    Ok(())
+}
+
 /// Token ids in `[0, 2**32)`, from any of the inputs the module docs list; `what` names the
 /// argument in errors.
 pub fn token_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     let py = obj.py();
     if let Ok(list) = obj.cast_exact::<PyList>() {
+        check_count(py, what, list.len())?;
         let mut out = Vec::with_capacity(list.len());
         for item in list.iter() {
-            out.push(token_id(&item, what)?);
+            push_id(&mut out, token_id(&item, what)?, py, what)?;
         }
         return Ok(out);
     }
     if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
+        check_count(py, what, tuple.len())?;
         let mut out = Vec::with_capacity(tuple.len());
         for item in tuple.iter() {
             out.push(token_id(&item, what)?);
@@ -153,9 +190,13 @@ pub fn token_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     }
     match obj.cast::<PySequence>() {
         Ok(seq) if obj.hasattr("__len__")? => {
-            let mut out = Vec::with_capacity(seq.len()?);
+            // `len()` may be huge (a range) or untrue: reserve a bounded amount and grow as
+            // the items come.
+            let n = seq.len()?;
+            check_count(py, what, n)?;
+            let mut out = Vec::with_capacity(n.min(TRUSTED_RESERVE));
             for item in obj.try_iter()? {
-                out.push(token_id(&item?, what)?);
+                push_id(&mut out, token_id(&item?, what)?, py, what)?;
             }
             Ok(out)
         }
@@ -252,6 +293,7 @@ fn convert<T: Element + Copy + Into<i128>>(
     // borrow of a caller's array (this module never writes to one), so the view aliases no
     // `&mut`. This skips rust-numpy's borrow registry, which costs more than the copy.
     let view = unsafe { arr.as_array() };
+    check_count(py, what, view.len())?;
     let mut out = Vec::with_capacity(view.len());
     let (mut lo, mut hi) = (0i128, 0i128);
     for &x in view.iter() {

@@ -18,5 +18,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::_time_index, m)?)?;
     m.add("MAX_BUDGET", crate::cache::MAX_BUDGET)?;
     m.add("MAX_DEPTH", crate::cache::MAX_DEPTH)?;
+    m.add("MAX_IDS_PER_CALL", args::MAX_IDS_PER_CALL)?;
     Ok(())
 }
