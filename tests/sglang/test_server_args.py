@@ -212,19 +212,18 @@ def test_rank_and_corpus_refusals_come_at_start_up(plugins_loaded, monkeypatch):
         resolve(argv + ["--disaggregation-mode", "decode"], monkeypatch)
 
 
-def test_verify_width_follows_the_row_cap_on_cpu_only(plugins_loaded, monkeypatch):
+def test_cpu_verify_width_follows_the_row_cap(plugins_loaded, monkeypatch):
     from lookahead.sglang.config import DEFAULT_CPU_VERIFY_ROWS
 
     _, get = resolve(["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"], monkeypatch)
     cfg = serving_config(get)  # N = 12
-    assert [cfg.verify_width(bs, "cuda") for bs in (1, 16, 48)] == [12, 12, 12]
     want = [max(1, min(12, DEFAULT_CPU_VERIFY_ROWS // bs)) for bs in (1, 4, 16, 48)]
-    assert [cfg.verify_width(bs, "cpu") for bs in (1, 4, 16, 48)] == want
+    assert [cfg.cpu_verify_width(bs) for bs in (1, 4, 16, 48)] == want
     assert want[0] == 12 and want[-1] == 1
     argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cpu"]
     _, get = resolve(argv, monkeypatch, '{"max_verify_rows": 24}')
     cfg = serving_config(get)
-    assert [cfg.verify_width(bs, "cpu") for bs in (1, 2, 3, 8, 24, 25)] == [12, 12, 8, 3, 1, 1]
+    assert [cfg.cpu_verify_width(bs) for bs in (1, 2, 3, 8, 24, 25)] == [12, 12, 8, 3, 1, 1]
 
 
 def test_max_verify_rows_is_refused_on_cuda(plugins_loaded, monkeypatch):

@@ -541,6 +541,9 @@ def test_cpu_steps_narrow_only_where_proven(plugins_loaded):
     extend = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[None] * 16)
     assert worker._step_width(extend) == 8
     assert make_worker(width=8, overlap=True)._step_width(batch(16)) == 8
+    cuda = LookaheadWorker.__new__(LookaheadWorker)
+    cuda._init_lookahead(worker.config, device=torch.device("cuda"), enable_overlap=False)
+    assert [cuda._step_width(batch(bs)) for bs in (1, 16, 48)] == [8, 8, 8]
     amx = LookaheadWorker.__new__(LookaheadWorker)
     amx._init_lookahead(
         worker.config,

@@ -90,9 +90,9 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
         """NGRAM's server-argument defaults (`_handle_ngram`), then LOOKAHEAD's checks.
 
         Raises `LookaheadConfigError` (a `ValueError`) at start-up for DP attention, a
-        device other than CUDA or CPU, PD-disaggregated decode, a budget that does not fit the CUDA-graph
-        verify width, NGRAM's external corpora, or `background_indexing: true` with several
-        model ranks.
+        device other than CUDA or CPU, PD-disaggregated decode, a budget that does not fit
+        the CUDA-graph verify width, NGRAM's external corpora, `background_indexing: true`
+        with several model ranks, or `max_verify_rows` off the CPU.
         """
         from sglang.srt.arg_groups.speculative_hook import _handle_ngram
         from sglang.srt.runtime_context import attn_dp_enabled_of

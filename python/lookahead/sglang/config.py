@@ -186,11 +186,10 @@ class ServingConfig:
     stats_interval_s: float = 60.0
     max_verify_rows: int | None = None
 
-    def verify_width(self, batch_size: int, device: str) -> int:
-        """Nodes verified per request in a decode step of `batch_size` requests on `device`
-        (root included): N on CUDA, capped by `max_verify_rows` on CPU."""
-        if device != "cpu":
-            return self.width
+    def cpu_verify_width(self, batch_size: int) -> int:
+        """Nodes verified per request (root included) in a CPU decode step of `batch_size`
+        requests: N capped by `max_verify_rows` (the worker keeps N wherever it does not
+        narrow steps, CUDA included)."""
         cap = DEFAULT_CPU_VERIFY_ROWS if self.max_verify_rows is None else self.max_verify_rows
         return max(1, min(self.width, cap // max(1, batch_size)))
 

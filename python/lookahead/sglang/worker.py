@@ -8,7 +8,7 @@ Per decode step (`_prepare_for_speculative_decoding`, on the host before the gra
    not-yet-appended tokens, read exactly as NGRAM reads them) are streamed into the cache;
    a request seen for the first time is started with its whole prompt;
 2. one `draft_batch` call drafts every request's tree, padded to N nodes as NGRAM pads
-   (on CPU a step may verify only each tree's best nodes: `ServingConfig.verify_width`);
+   (on CPU a step may verify only each tree's best nodes: `ServingConfig.cpu_verify_width`);
 3. one `tree_metadata` and one `build_full_mask` launch build positions, SGLang's
    retrieve arrays and the attention mask for the batch (NGRAM: a tree-mask kernel plus a
    per-request Python loop);
@@ -239,7 +239,7 @@ class LookaheadWorker(NGRAMWorker):
         return meta.mask.reshape(-1).numpy(), tokens.reshape(-1).astype(np.int64)
 
     def _step_width(self, batch: Any) -> int:
-        """This step's verify width: `ServingConfig.verify_width` for a decode batch, N for
+        """This step's verify width: `ServingConfig.cpu_verify_width` for a decode batch, N for
         anything else and for batches that return logprobs or hidden states (their rows keep
         NGRAM's layout, N per request). Only the CPU engine with the plugin's attention
         narrows it: it runs no graphs, and SGLang turns the overlap relay off there for
@@ -259,7 +259,7 @@ class LookaheadWorker(NGRAMWorker):
             or getattr(batch, "return_hidden_states", False)
         ):
             return self.config.width
-        return self.config.verify_width(len(batch.reqs), "cpu")
+        return self.config.cpu_verify_width(len(batch.reqs))
 
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         """NGRAM's step at this step's width (its verify reads `draft_token_num`); a
