@@ -64,6 +64,10 @@ def pytest_runtest_logreport(report):
         _outcomes.setdefault(report.nodeid, outcome)
 
 
+def _under_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
 def _disallowed_skips() -> list[tuple[str, str]]:
     return [(n, r) for n, r in _skips if not r.startswith(CI_ALLOWED_SKIP_REASONS)]
 
@@ -82,7 +86,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"{folder:<28} collected {sum(c.values()):>4}  passed {c['passed']:>4}  "
             f"failed {c['failed']:>3}  skipped {c['skipped']:>3}{xfailed}"
         )
-    if os.environ.get("CI", "").lower() == "true" and _disallowed_skips():
+    if _under_ci() and _disallowed_skips():
         tr.section("skips not allowed under CI")
         for nodeid, reason in _disallowed_skips():
             tr.write_line(f"{nodeid}: {reason}")
@@ -93,5 +97,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if os.environ.get("CI", "").lower() == "true" and _disallowed_skips() and exitstatus == 0:
+    if _under_ci() and exitstatus == 0 and _disallowed_skips():
         session.exitstatus = 1
