@@ -77,8 +77,11 @@ class LookaheadCache:
 
     Args:
         max_depth: longest n-gram (window) stored, in tokens (2..64).
-        capacity_nodes: hard bound on stored trie nodes, all tries together (~37 bytes each,
-            hash side tables of nodes with more than 8 children included).
+        capacity_nodes: hard bound on stored trie nodes, all tries together; memory follows
+            it in bytes (`stats()["bytes"]` <= 256 B per capacity node + 8 KiB per namespace
+            and live request; about 62 B measured), whatever the number of namespaces. A
+            namespace past half of it evicts its own history first; one prompt indexes at
+            most a quarter of it (docs/interfaces.md, "Memory").
         prompt_weight: weight of the request's own counts in scoring (0 to 1e6): its prompt's
             n-grams and those of its outputs so far (the request's own trie; at 0 it is not
             built).

@@ -13,6 +13,8 @@ pub const FREED: u32 = u32::MAX - 1;
 const SEG_BITS: u32 = 16;
 const SEG_LEN: usize = 1 << SEG_BITS;
 const SEG_MASK: u32 = (SEG_LEN as u32) - 1;
+/// Slots the first segment starts with.
+const FIRST_SEG_LEN: usize = 16;
 
 /// One trie node: 36 bytes. Children form a doubly linked sibling list (O(1) unlink on
 /// eviction); a node with many children also gets a hash side table (`side`) for lookup.
@@ -85,11 +87,16 @@ impl Arena {
         }
     }
 
-    /// An arena expecting about `n` nodes: a big one starts with a full-size segment.
+    /// An arena expecting about `n` nodes (plus the root): a small one allocates just that,
+    /// a big one starts with a full-size segment (reused memory, when a spare one exists).
     pub fn with_hint(n: u64) -> Self {
         let mut a = Arena::new();
-        if n >= 1024 {
+        let want = n.saturating_add(1);
+        if want >= SEG_LEN as u64 / 2 {
             a.segs.push(fresh_segment());
+        } else {
+            a.segs
+                .push(Vec::with_capacity((want as usize).max(FIRST_SEG_LEN)));
         }
         a
     }
@@ -108,10 +115,11 @@ impl Arena {
         self.free_len
     }
 
-    /// Bytes of the node slots handed out (live or free). A trie's last segment also has
-    /// reserved capacity, which costs address space but no memory until it is written.
+    /// Bytes of the node storage: every segment's whole allocation (written or not), so
+    /// a memory bound checked against it holds for what the allocator really handed out.
     pub fn bytes(&self) -> usize {
-        self.slots as usize * std::mem::size_of::<Node>()
+        let segs: usize = self.segs.iter().map(Vec::capacity).sum();
+        segs * std::mem::size_of::<Node>() + self.segs.capacity() * std::mem::size_of::<Vec<Node>>()
     }
 
     #[inline]
@@ -154,16 +162,19 @@ impl Arena {
         assert!(self.slots < FREED, "arena index space exhausted");
         let seg = (self.slots >> SEG_BITS) as usize;
         if seg == self.segs.len() {
-            // Small first segment: most prompt tries of short requests stay tiny.
+            // Small first segment: most prompt tries of short requests, and the histories of
+            // most namespaces of a many-tenant server, stay tiny.
             self.segs.push(if seg == 0 {
-                Vec::with_capacity(1024)
+                Vec::with_capacity(FIRST_SEG_LEN)
             } else {
                 fresh_segment()
             });
         }
         let s = &mut self.segs[seg];
         if s.len() == s.capacity() {
-            s.reserve_exact(SEG_LEN - s.len());
+            // The first segment doubles (copying at most half a segment, once per size);
+            // later ones are full-size from the start.
+            s.reserve_exact(s.capacity().clamp(FIRST_SEG_LEN, SEG_LEN - s.len()));
         }
         s.push(node);
         let i = self.slots;

@@ -11,6 +11,7 @@
 //! trie lock is taken; nothing holding a namespace lock takes another lock.
 
 use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -43,6 +44,22 @@ pub const MAX_INDEX_THREADS: usize = 256;
 pub const MAX_WEIGHT: f64 = 1e6;
 /// Longest namespace name, in bytes (what a save file can hold).
 pub const MAX_NAMESPACE_BYTES: usize = 1 << 20;
+/// A namespace holding more than `1 / NAMESPACE_SHARE` of the capacity makes room for its
+/// own writes by evicting its own history first: one noisy tenant leaves the others at
+/// least half of the capacity.
+pub const NAMESPACE_SHARE: u64 = 2;
+/// One request's prompt trie takes at most `1 / PROMPT_SHARE` of the capacity (a longer
+/// prompt is indexed up to there): one huge prompt cannot evict every tenant's history.
+pub const PROMPT_SHARE: u64 = 4;
+/// Namespaces `make_room` passes over (recently used ones get a second chance) before it
+/// falls back to the requester's own history: the cost of one eviction does not grow with
+/// the number of namespaces.
+const MAX_LOOKS: usize = 64;
+/// Free slots a history arena may keep beyond its live nodes before it is compacted.
+const COMPACT_SLACK: u64 = 64;
+/// Ring entries a new namespace's creation looks at, dropping the unused empty ones: the
+/// ring stays within a small factor of the live namespaces without any sweep over them.
+const TIDY_LOOKS: usize = 2;
 /// The default `history_skip`: a 3-6 token match in the shared history is left out of the
 /// draft (simulator, B = 16: 2.772 -> 2.794 tokens per step, no category down; repeated
 /// requests still copy their whole earlier answer; BENCHMARKS.md §2.1).
@@ -257,6 +274,47 @@ impl PromptSlot {
 pub struct Namespace {
     pub name: String,
     pub history: RwLock<Trie>,
+    /// Live requests and running operations using it: only an unused namespace is dropped.
+    users: AtomicUsize,
+    /// `Shared::tick` of its last use, and of its last entry into the eviction ring (used
+    /// since it entered: it gets a second chance before its history is evicted).
+    used_at: AtomicU64,
+    queued_at: AtomicU64,
+    /// Set once it left the name map (its history released); ring entries of it are stale.
+    dropped: AtomicBool,
+}
+
+impl Namespace {
+    /// Bytes it holds: its history and its own bookkeeping.
+    fn bytes(&self, history: &Trie) -> u64 {
+        (history.bytes() + std::mem::size_of::<Namespace>() + self.name.capacity()) as u64
+    }
+}
+
+/// One use of a namespace (a live request holds one): while any exists, the namespace
+/// stays in the name map, so its history is never dropped under a writer.
+pub(crate) struct NsUse(Arc<Namespace>);
+
+impl std::ops::Deref for NsUse {
+    type Target = Namespace;
+    fn deref(&self) -> &Namespace {
+        &self.0
+    }
+}
+
+impl NsUse {
+    /// Another use of the same namespace (safe without the map lock: this one keeps the
+    /// count above 0 meanwhile).
+    fn share(&self) -> NsUse {
+        self.0.users.fetch_add(1, Ordering::AcqRel);
+        NsUse(Arc::clone(&self.0))
+    }
+}
+
+impl Drop for NsUse {
+    fn drop(&mut self) {
+        self.0.users.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Where the n-grams ending at a request's last counted token sit in one trie, so counting
@@ -304,7 +362,7 @@ struct ReqState {
 }
 
 struct Request {
-    ns: Arc<Namespace>,
+    ns: NsUse,
     prompt_tokens: Arc<Vec<u32>>,
     prompt: Arc<PromptSlot>,
     state: Mutex<ReqState>,
@@ -323,8 +381,12 @@ impl Drop for Held<'_> {
 struct Shared {
     cfg: Config,
     budget: Arc<Budget>,
-    namespaces: RwLock<Vec<Arc<Namespace>>>,
-    evict_from: AtomicUsize,
+    namespaces: RwLock<FxHashMap<String, Arc<Namespace>>>,
+    /// Every namespace in eviction order (CLOCK over namespaces: the front is the next
+    /// candidate); entries of dropped namespaces are discarded when they reach the front.
+    ring: Mutex<VecDeque<Arc<Namespace>>>,
+    /// Logical clock of namespace use.
+    tick: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
     evicted: AtomicU64,
@@ -376,64 +438,182 @@ pub struct Stats {
 }
 
 impl Shared {
-    fn namespace(&self, name: &str) -> Arc<Namespace> {
-        if let Some(ns) = read(&self.namespaces).iter().find(|n| n.name == name) {
-            return Arc::clone(ns);
+    fn now(&self) -> u64 {
+        self.tick.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Marks `ns` as used now (it moves to the back of the eviction order).
+    fn touch(&self, ns: &Namespace) {
+        ns.used_at.store(self.now(), Ordering::Relaxed);
+    }
+
+    /// A use of namespace `name`, created if new. O(1) in the number of namespaces.
+    fn use_namespace(&self, name: &str) -> NsUse {
+        let now = self.now();
+        let take = |ns: &Arc<Namespace>| {
+            // Under the map lock: `try_drop` (which takes it for writing) sees this use.
+            ns.users.fetch_add(1, Ordering::AcqRel);
+            ns.used_at.store(now, Ordering::Relaxed);
+            NsUse(Arc::clone(ns))
+        };
+        if let Some(ns) = read(&self.namespaces).get(name) {
+            return take(ns);
         }
         let mut all = write(&self.namespaces);
-        if let Some(ns) = all.iter().find(|n| n.name == name) {
-            return Arc::clone(ns);
+        if let Some(ns) = all.get(name) {
+            return take(ns);
         }
         let ns = Arc::new(Namespace {
             name: name.to_owned(),
             history: RwLock::new(Trie::new()),
+            users: AtomicUsize::new(0),
+            used_at: AtomicU64::new(now),
+            queued_at: AtomicU64::new(now),
+            dropped: AtomicBool::new(false),
         });
-        all.push(Arc::clone(&ns));
-        ns
+        all.insert(name.to_owned(), Arc::clone(&ns));
+        let got = take(&ns);
+        drop(all);
+        lock(&self.ring).push_back(ns);
+        self.tidy();
+        got
     }
 
-    /// Evicts shared-history nodes until `want` are freed or nothing more can go.
-    /// Takes one namespace lock at a time, for at most `SWEEP_VISITS` slots.
-    fn make_room(&self, want: u64) -> u64 {
-        let all: Vec<Arc<Namespace>> = read(&self.namespaces).clone();
-        if all.is_empty() {
+    /// Looks at the first `TIDY_LOOKS` ring entries: stale ones and unused empty
+    /// namespaces leave it, the others go to the back.
+    fn tidy(&self) {
+        for _ in 0..TIDY_LOOKS {
+            let Some(ns) = lock(&self.ring).pop_front() else {
+                return;
+            };
+            if ns.dropped.load(Ordering::Acquire) {
+                continue;
+            }
+            let empty = read(&ns.history).nodes() == 0;
+            if !(empty && self.try_drop(&ns, 0) > 0 || ns.dropped.load(Ordering::Acquire)) {
+                self.requeue(ns);
+            }
+        }
+    }
+
+    fn requeue(&self, ns: Arc<Namespace>) {
+        ns.queued_at.store(self.now(), Ordering::Relaxed);
+        lock(&self.ring).push_back(ns);
+    }
+
+    /// Drops `ns` (leaving the name map, its history's nodes back to the budget) if it is
+    /// unused and holds at most `max_nodes` nodes. Returns 1 + the nodes released if it
+    /// was dropped, 0 if not.
+    fn try_drop(&self, ns: &Arc<Namespace>, max_nodes: u64) -> u64 {
+        let mut all = write(&self.namespaces);
+        let mine = all.get(&ns.name).is_some_and(|n| Arc::ptr_eq(n, ns));
+        if !mine || ns.users.load(Ordering::Acquire) != 0 {
             return 0;
         }
+        let mut h = write(&ns.history);
+        let nodes = h.nodes();
+        if nodes > max_nodes {
+            return 0;
+        }
+        all.remove(&ns.name);
+        ns.dropped.store(true, Ordering::Release);
+        let old = std::mem::take(&mut *h);
+        drop(h);
+        drop(all);
+        self.budget.release(old.nodes() + old.allowance);
+        drop(old);
+        1 + nodes
+    }
+
+    /// Frees shared-history nodes until `want` are freed or nothing more can go, for a
+    /// write that `requester`'s history or a request of it needs room for. Order: the
+    /// requester's own history if it holds more than its share; then other namespaces in
+    /// CLOCK order (an unused one small enough goes whole, a recently used one is passed
+    /// over once); then the requester's own history; then other namespaces, used or not.
+    /// Looks at no more than `2 * MAX_LOOKS` namespaces, however many exist.
+    fn make_room(&self, want: u64, requester: Option<&Namespace>) -> u64 {
         let mut freed = 0;
-        for _ in 0..MAX_PASSES {
-            let mut nodes_left = 0;
-            let start = self.evict_from.fetch_add(1, Ordering::Relaxed);
-            for j in 0..all.len() {
-                let ns = &all[(start + j) % all.len()];
-                let slots = read(&ns.history).arena.slots();
-                let mut visited = 0u32;
-                while visited < slots && freed < want {
-                    let mut h = write(&ns.history);
-                    let f = h.sweep(SWEEP_VISITS.min(slots - visited), want - freed);
-                    drop(h);
-                    self.budget.release(f);
-                    freed += f;
-                    visited += SWEEP_VISITS;
-                }
-                nodes_left += read(&ns.history).nodes();
+        let share = self.budget.capacity() / NAMESPACE_SHARE;
+        if let Some(x) = requester {
+            if read(&x.history).nodes() > share {
+                freed += self.evict_in(x, want);
+            }
+        }
+        for forced in [false, true] {
+            let looks = lock(&self.ring).len().min(MAX_LOOKS);
+            for _ in 0..looks {
                 if freed >= want {
                     break;
                 }
+                let Some(ns) = lock(&self.ring).pop_front() else {
+                    break;
+                };
+                if ns.dropped.load(Ordering::Acquire) {
+                    continue;
+                }
+                let mine = requester.is_some_and(|x| std::ptr::eq(x, &*ns));
+                let nodes = read(&ns.history).nodes();
+                let recent =
+                    ns.used_at.load(Ordering::Relaxed) > ns.queued_at.load(Ordering::Relaxed);
+                if mine || nodes == 0 || (recent && !forced) {
+                    if !(nodes == 0 && !mine && self.try_drop(&ns, 0) > 0) {
+                        self.requeue(ns);
+                    }
+                    continue;
+                }
+                let whole = self.try_drop(&ns, want - freed);
+                if whole > 0 {
+                    freed += whole - 1;
+                    continue;
+                }
+                freed += self.evict_in(&ns, want - freed);
+                self.requeue(ns);
             }
-            if freed >= want || nodes_left == 0 {
-                break;
+            if freed < want && !forced {
+                if let Some(x) = requester {
+                    freed += self.evict_in(x, want - freed);
+                }
             }
         }
         self.evicted.fetch_add(freed, Ordering::Relaxed);
         freed
     }
 
-    /// Reserves up to `need` nodes, evicting shared history if the budget is short.
-    fn reserve(&self, need: u64) -> u64 {
+    /// CLOCK-sweeps `ns`'s history until `want` nodes are freed or it is empty (at most
+    /// `MAX_PASSES` revolutions, one namespace lock held for `SWEEP_VISITS` slots at a
+    /// time), then compacts it if eviction left more free slots than live nodes, so a
+    /// shrunk history gives its memory back. Returns the nodes freed.
+    fn evict_in(&self, ns: &Namespace, want: u64) -> u64 {
+        let mut freed = 0;
+        for _ in 0..MAX_PASSES {
+            let slots = read(&ns.history).arena.slots();
+            let mut visited = 0u32;
+            while visited < slots && freed < want {
+                let mut h = write(&ns.history);
+                let f = h.sweep(SWEEP_VISITS.min(slots - visited), want - freed);
+                drop(h);
+                self.budget.release(f);
+                freed += f;
+                visited = visited.saturating_add(SWEEP_VISITS);
+            }
+            if freed >= want || read(&ns.history).nodes() == 0 {
+                break;
+            }
+        }
+        let mut h = write(&ns.history);
+        if h.free_slots() > h.nodes() + COMPACT_SLACK {
+            h.compact();
+        }
+        freed
+    }
+
+    /// Reserves up to `need` nodes for a write of `requester`'s, evicting shared history if
+    /// the budget is short.
+    fn reserve(&self, need: u64, requester: &Namespace) -> u64 {
         let mut got = self.budget.reserve_up_to(need);
         if got < need {
             let slack = (self.budget.capacity() / 64).max(need - got);
-            self.make_room(slack);
+            self.make_room(slack, Some(requester));
             got += self.budget.reserve_up_to(need - got);
         }
         got
@@ -449,7 +629,7 @@ impl Shared {
             // The n-grams ending at each token, as `extend` counts them (same counts as all
             // windows of the text, and suffix links come for free).
             let before = &text[s.saturating_sub(depth - 1)..s];
-            self.count_into(&ns.history, &mut cur, before, &text[s..end]);
+            self.count_into(ns, &ns.history, &mut cur, before, &text[s..end]);
             s = end;
         }
     }
@@ -459,13 +639,14 @@ impl Shared {
     /// budget reservation of what it may need. Returns the nodes it created.
     fn count_into(
         &self,
+        ns: &Namespace,
         trie: &RwLock<Trie>,
         cur: &mut Cursors,
         before: &[u32],
         chunk: &[u32],
     ) -> u64 {
         let depth = self.cfg.max_depth;
-        let got = self.reserve((chunk.len() * depth + depth * depth) as u64);
+        let got = self.reserve((chunk.len() * depth + depth * depth) as u64, ns);
         let mut t = write(trie);
         t.allowance = got;
         count_ngrams(&mut t, cur, before, chunk, depth);
@@ -478,7 +659,14 @@ impl Shared {
     /// `count_into` the request's own trie, while own-trie outputs fit their share of the
     /// capacity; past it, this request's outputs reach only the shared history (and the
     /// cursors are rebuilt from `before` once there is room again).
-    fn count_own(&self, own: &PromptTrie, cur: &mut Cursors, before: &[u32], chunk: &[u32]) {
+    fn count_own(
+        &self,
+        ns: &Namespace,
+        own: &PromptTrie,
+        cur: &mut Cursors,
+        before: &[u32],
+        chunk: &[u32],
+    ) {
         if self.cfg.prompt_weight == 0.0 {
             return; // drafts never read the request's own trie
         }
@@ -486,13 +674,13 @@ impl Shared {
             cur.epoch = u64::MAX;
             return;
         }
-        let added = self.count_into(&own.trie, cur, before, chunk);
+        let added = self.count_into(ns, &own.trie, cur, before, chunk);
         own.outputs.fetch_add(added, Ordering::Relaxed);
         self.budget.note_own_outputs(added as i64);
     }
 
     /// Counts the tokens that arrived while `own` was being built into it (if any).
-    fn catch_up(&self, own: &PromptTrie, st: &mut ReqState) {
+    fn catch_up(&self, ns: &Namespace, own: &PromptTrie, st: &mut ReqState) {
         if st.unindexed.is_empty() {
             return;
         }
@@ -500,7 +688,7 @@ impl Shared {
         let mut before = std::mem::take(&mut st.unindexed_before);
         let keep = self.cfg.max_depth - 1;
         for chunk in text.chunks(CHUNK_TOKENS) {
-            self.count_own(own, &mut st.own, &before, chunk);
+            self.count_own(ns, own, &mut st.own, &before, chunk);
             before.extend_from_slice(chunk);
             before.drain(..before.len().saturating_sub(keep));
         }
@@ -508,7 +696,7 @@ impl Shared {
 
     /// Builds the prompt trie of `text`; stops early (truncated) when the budget is spent
     /// even after evicting shared history, or when the request was finished meanwhile.
-    fn build_prompt(&self, text: &[u32], slot: &PromptSlot) -> PromptTrie {
+    fn build_prompt(&self, ns: &Namespace, text: &[u32], slot: &PromptSlot) -> PromptTrie {
         let depth = self.cfg.max_depth;
         let mut p = PromptTrie {
             trie: RwLock::new(Trie::new()),
@@ -520,9 +708,15 @@ impl Shared {
             // Drafts never read it: an empty trie, so no capacity goes to unread nodes.
             return p;
         }
+        // At most this request's share of the capacity (`PROMPT_SHARE`).
+        let most = (self.budget.capacity() / PROMPT_SHARE).max(1);
         // Fast path: the exact node count is known before any node exists, so reserve it.
         let sw = SortedWindows::new(text, depth);
-        let got = self.reserve(sw.nodes);
+        let got = if sw.nodes <= most {
+            self.reserve(sw.nodes, ns)
+        } else {
+            0
+        };
         if got == sw.nodes {
             // Released if the build panics (the trie's own drop releases its nodes after).
             let held = Held(&self.budget, got);
@@ -531,7 +725,8 @@ impl Shared {
             return p;
         }
         drop(sw);
-        // Short of budget even after eviction: index windows in text order until it is spent.
+        // Past its share, or short of budget even after eviction: index windows in text
+        // order until its share or the budget is spent.
         let t = p.trie.get_mut().unwrap_or_else(|e| e.into_inner());
         t.allowance = got;
         let mut s = 0;
@@ -539,7 +734,8 @@ impl Shared {
             let end = (s + BUILD_CHUNK).min(text.len());
             let need = ((end - s) * depth) as u64;
             if t.allowance < need {
-                t.allowance += self.reserve(need - t.allowance);
+                let room = most.saturating_sub(t.nodes() + t.allowance);
+                t.allowance += self.reserve((need - t.allowance).min(room), ns);
             }
             let stop = t.add_windows(text, depth, s..end);
             if stop < end {
@@ -553,13 +749,13 @@ impl Shared {
         p
     }
 
-    fn run_build(&self, text: &[u32], slot: &PromptSlot) {
+    fn run_build(&self, ns: &Namespace, text: &[u32], slot: &PromptSlot) {
         if slot.cancel.load(Ordering::Relaxed) {
             // Finished (or its cache dropped) while queued: nobody will draft from it.
             slot.set(Err("cancelled before it started".into()));
             return;
         }
-        let r = catch_unwind(AssertUnwindSafe(|| self.build_prompt(text, slot)));
+        let r = catch_unwind(AssertUnwindSafe(|| self.build_prompt(ns, text, slot)));
         slot.set(r.map_err(|e| panic_message(&e)));
     }
 }
@@ -603,8 +799,9 @@ impl Cache {
         let shared = Arc::new(Shared {
             budget: Arc::new(Budget::new(cfg.capacity_nodes)),
             cfg,
-            namespaces: RwLock::new(Vec::new()),
-            evict_from: AtomicUsize::new(0),
+            namespaces: RwLock::new(FxHashMap::default()),
+            ring: Mutex::new(VecDeque::new()),
+            tick: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
@@ -612,7 +809,7 @@ impl Cache {
             in_flight: AtomicUsize::new(0),
             op_seq: AtomicU64::new(0),
         });
-        shared.namespace("default");
+        drop(shared.use_namespace("default"));
         Ok(Cache {
             shared,
             requests: RwLock::new(FxHashMap::default()),
@@ -642,7 +839,7 @@ impl Cache {
         }
         check_namespace(namespace)?;
         let keep = self.shared.cfg.max_depth - 1;
-        let ns = self.shared.namespace(namespace);
+        let ns = self.shared.use_namespace(namespace);
         let req = Arc::new(Request {
             ns,
             state: Mutex::new(ReqState {
@@ -667,9 +864,11 @@ impl Cache {
         let shared = Arc::clone(&self.shared);
         let text = Arc::clone(&req.prompt_tokens);
         let slot = Arc::clone(&req.prompt);
+        let ns = req.ns.share();
         shared.in_flight.fetch_add(1, Ordering::AcqRel);
         let job: Box<dyn FnOnce() + Send> = Box::new(move || {
-            shared.run_build(&text, &slot);
+            shared.run_build(&ns, &text, &slot);
+            drop(ns);
             // Drop our handle first: a trie of a finished request is freed before we report done.
             drop(slot);
             shared.op_seq.fetch_add(1, Ordering::AcqRel);
@@ -751,16 +950,19 @@ impl Cache {
         let st = &mut *guard;
         let own = req.prompt.poll();
         if let Ok(p) = &own {
-            self.shared.catch_up(p, st);
+            self.shared.catch_up(&req.ns, p, st);
+        }
+        if !tokens.is_empty() {
+            self.shared.touch(&req.ns);
         }
         for chunk in tokens.chunks(CHUNK_TOKENS) {
             let sh = &self.shared;
             if sh.cfg.output_weight > 0.0 {
                 // At weight 0 drafts never read the shared history: nothing to count there.
-                sh.count_into(&req.ns.history, &mut st.history, &st.tail, chunk);
+                sh.count_into(&req.ns, &req.ns.history, &mut st.history, &st.tail, chunk);
             }
             match &own {
-                Ok(p) => sh.count_own(p, &mut st.own, &st.tail, chunk),
+                Ok(p) => sh.count_own(&req.ns, p, &mut st.own, &st.tail, chunk),
                 Err(true) => {
                     if st.unindexed.is_empty() {
                         st.unindexed_before =
@@ -893,6 +1095,13 @@ impl Cache {
         if read && keep_prompt.unwrap_or(self.shared.cfg.keep_prompt_as_history) {
             self.shared.add_history(&req.ns, &req.prompt_tokens);
         }
+        // A namespace left empty and unused by its last request goes now (if a draft still
+        // holds the request, `tidy` or `make_room` drops it later).
+        let ns = Arc::clone(&req.ns.0);
+        drop(req);
+        if read_nodes(&ns) == 0 {
+            self.shared.try_drop(&ns, 0);
+        }
         Ok(())
     }
 
@@ -900,7 +1109,7 @@ impl Cache {
     pub fn add_history(&self, corpus: &[Vec<u32>], namespace: &str) -> Result<()> {
         let _busy = Busy::new(&self.shared);
         check_namespace(namespace)?;
-        let ns = self.shared.namespace(namespace);
+        let ns = self.shared.use_namespace(namespace);
         for text in corpus {
             self.shared.add_history(&ns, text);
         }
@@ -916,10 +1125,10 @@ impl Cache {
             truncated_prompts: self.shared.truncated_prompts.load(Ordering::Relaxed),
             ..Stats::default()
         };
-        for ns in read(&self.shared.namespaces).iter() {
+        for ns in read(&self.shared.namespaces).values() {
             let h = read(&ns.history);
             s.history_nodes += h.nodes();
-            s.bytes += h.bytes() as u64;
+            s.bytes += ns.bytes(&h);
             s.namespaces += 1;
         }
         for req in read(&self.requests).values() {
@@ -944,7 +1153,7 @@ impl Cache {
         let seq0 = self.shared.op_seq.load(Ordering::Acquire);
         let idle0 = self.shared.in_flight.load(Ordering::Acquire) == 0;
         let mut nodes = 0;
-        for ns in read(&self.shared.namespaces).iter() {
+        for ns in read(&self.shared.namespaces).values() {
             let h = read(&ns.history);
             h.check()
                 .map_err(|e| Error::Invariant(format!("namespace {:?}: {e}", ns.name)))?;
@@ -994,7 +1203,7 @@ impl Cache {
     /// Every stored n-gram of `namespace`'s history with its count (tests and debugging).
     pub fn history_ngrams(&self, namespace: &str) -> Vec<(Vec<u32>, u32)> {
         let all = read(&self.shared.namespaces);
-        match all.iter().find(|n| n.name == namespace) {
+        match all.get(namespace) {
             Some(ns) => read(&ns.history).ngrams(),
             None => Vec::new(),
         }
@@ -1019,7 +1228,7 @@ impl Cache {
     ) -> Result<(Arc<PromptTrie>, MutexGuard<'r, ReqState>)> {
         let own = req.prompt.wait()?;
         let mut st = lock(&req.state);
-        self.shared.catch_up(&own, &mut st);
+        self.shared.catch_up(&req.ns, &own, &mut st);
         Ok((own, st))
     }
 
@@ -1028,16 +1237,18 @@ impl Cache {
         Ok(lock(&self.request(rid)?.state).tail.clone())
     }
 
-    /// Namespaces and their history tries, for persistence.
+    /// Namespaces and their history tries by name, for persistence.
     pub(crate) fn namespaces(&self) -> Vec<Arc<Namespace>> {
-        read(&self.shared.namespaces).clone()
+        let mut all: Vec<_> = read(&self.shared.namespaces).values().cloned().collect();
+        all.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        all
     }
 
     /// Installs a loaded history trie for `name` (its nodes must be reserved already).
     /// Replaces `name`'s history by `trie` (whose nodes the caller reserved); the replaced
     /// trie's nodes go back to the budget.
     pub(crate) fn install_history(&self, name: &str, trie: Trie) {
-        let ns = self.shared.namespace(name);
+        let ns = self.shared.use_namespace(name);
         let old = std::mem::replace(&mut *write(&ns.history), trie);
         self.shared.budget.release(old.nodes() + old.allowance);
     }
@@ -1045,6 +1256,10 @@ impl Cache {
     pub(crate) fn budget(&self) -> &Budget {
         &self.shared.budget
     }
+}
+
+fn read_nodes(ns: &Namespace) -> u64 {
+    read(&ns.history).nodes()
 }
 
 fn check_namespace(name: &str) -> Result<()> {
@@ -1255,6 +1470,73 @@ mod tests {
     }
 
     #[test]
+    fn a_noisy_namespace_leaves_the_others_their_share() {
+        let cap = 20_000u64;
+        let c = Cache::new(cfg(12, cap, false)).unwrap();
+        let mut x = 7u32;
+        let mut rand = |m: u32| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x % m
+        };
+        for q in 0..4 {
+            let t: Vec<u32> = (0..150).map(|_| rand(500)).collect();
+            c.add_history(&[t], &format!("quiet-{q}")).unwrap();
+        }
+        let quiet: Vec<_> = (0..4)
+            .map(|q| c.history_ngrams(&format!("quiet-{q}")).len())
+            .collect();
+        for _ in 0..60 {
+            let t: Vec<u32> = (0..2000).map(|_| rand(32_000)).collect();
+            c.add_history(&[t], "noisy").unwrap();
+            assert!(c.stats().nodes <= cap);
+        }
+        // Together the quiet ones hold less than half the capacity, so the noisy one, past
+        // its half, evicts only its own history: the quiet ones keep every n-gram.
+        assert!(quiet.iter().sum::<usize>() < (cap / NAMESPACE_SHARE) as usize);
+        assert!(c.history_ngrams("noisy").len() > (cap / NAMESPACE_SHARE) as usize);
+        for (q, &n) in quiet.iter().enumerate() {
+            assert_eq!(c.history_ngrams(&format!("quiet-{q}")).len(), n);
+        }
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn eviction_looks_at_a_bounded_number_of_namespaces() {
+        // 3,000 namespaces with a few nodes each, then one that needs room over and over:
+        // every eviction frees what it needs from the ring's front, never sweeping them all.
+        let c = Cache::new(cfg(4, 20_000, false)).unwrap();
+        for i in 0..3000u32 {
+            c.add_history(&[vec![i, i + 1, i + 2]], &format!("t{i}"))
+                .unwrap();
+        }
+        // 6 nodes each; the empty "default" went when the first came.
+        assert_eq!((c.stats().namespaces, c.stats().nodes), (3000, 18_000));
+        let t: Vec<u32> = (0..20_000u32).map(|i| i * 7 % 9973).collect();
+        c.add_history(&[t], "big").unwrap();
+        let s = c.stats();
+        assert!(s.nodes <= 20_000);
+        // Tenants went whole, as many as "big" needed before it reached its share; every
+        // other one is untouched (no sweep passed over it: a pass halves each count).
+        let mut gone = 0;
+        for i in 0..3000 {
+            let g = c.history_ngrams(&format!("t{i}"));
+            if g.is_empty() {
+                gone += 1;
+            } else {
+                assert!(
+                    g.len() == 6 && g.iter().all(|(_, n)| *n == 1),
+                    "t{i}: {g:?}"
+                );
+            }
+        }
+        assert!(gone > 0 && gone <= 2000, "{gone}");
+        assert_eq!(s.namespaces, 3001 - gone);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
     fn namespaces_do_not_share_outputs() {
         let c = Cache::new(cfg(4, 1 << 20, false)).unwrap();
         c.add_history(&[vec![7, 8, 9]], "a").unwrap();
@@ -1265,7 +1547,8 @@ mod tests {
         assert_eq!(c.draft(&x, 4, false).unwrap().tokens, vec![7, 8, 9]);
         assert_eq!(c.draft(&y, 4, false).unwrap().tokens, vec![7]);
         let s = c.stats();
-        assert_eq!((s.hits, s.misses, s.namespaces), (1, 1, 3));
+        // "a" and "b"; the empty, unused "default" was dropped when they came.
+        assert_eq!((s.hits, s.misses, s.namespaces), (1, 1, 2));
     }
 
     #[test]

@@ -713,6 +713,57 @@ impl Trie {
         Ok(())
     }
 
+    /// Free slots: what eviction left in this arena and only this trie can reuse.
+    pub fn free_slots(&self) -> u64 {
+        u64::from(self.arena.free_len())
+    }
+
+    /// Moves the live nodes into a fresh, dense arena (same n-grams, counts and suffix
+    /// links; side tables rebuilt, so their rankings are exact again) and returns the old
+    /// arena's memory to the allocator. One pass over the slots; node indices change, so
+    /// the epoch moves on and every cursor into the trie goes stale.
+    pub fn compact(&mut self) {
+        let slots = self.arena.slots();
+        let mut to = vec![NONE; slots as usize];
+        let mut live = 0u32;
+        for i in 0..slots {
+            if !self.arena.get(i).is_free() {
+                to[i as usize] = live;
+                live += 1;
+            }
+        }
+        let map = |i: u32| if i == NONE { NONE } else { to[i as usize] };
+        let mut arena = Arena::with_hint(u64::from(live));
+        let mut sided = Vec::new();
+        for i in 0..slots {
+            let n = self.arena.get(i);
+            if n.is_free() {
+                continue;
+            }
+            if n.side != NONE {
+                sided.push(to[i as usize]);
+            }
+            let moved = Node {
+                parent: map(n.parent),
+                first_child: map(n.first_child),
+                next_sibling: map(n.next_sibling),
+                prev_sibling: map(n.prev_sibling),
+                side: NONE,
+                link: map(n.link),
+                ..*n
+            };
+            arena.alloc(moved);
+        }
+        self.arena = arena;
+        self.sides = Vec::new();
+        self.free_sides = Vec::new();
+        for n in sided {
+            self.make_side(n);
+        }
+        self.epoch += 1;
+        self.hand = 1;
+    }
+
     /// The n-gram of node `n` (root to `n`).
     pub fn path(&self, mut n: u32) -> Vec<u32> {
         let mut p = Vec::new();
@@ -858,6 +909,34 @@ mod tests {
         assert_eq!(t.node(ROOT).side, NONE);
         assert_eq!(t.nodes(), 2);
         assert_ne!(t.find_child(ROOT, 19), NONE);
+    }
+
+    #[test]
+    fn compaction_keeps_ngrams_and_frees_slots() {
+        let text: Vec<u32> = (0..3000u32).map(|i| (i * 31 + i / 7) % 97).collect();
+        let mut t = Trie::new();
+        t.allowance = u64::MAX;
+        t.add_windows(&text, 6, 0..text.len());
+        // Links as a history trie keeps them, so compaction must carry them over.
+        t.compute_links();
+        while t.free_slots() < t.nodes() {
+            t.sweep(4096, 64);
+        }
+        t.check().unwrap();
+        let before: HashMap<_, _> = t.ngrams().into_iter().collect();
+        let (bytes, epoch) = (t.bytes(), t.epoch);
+        t.compact();
+        t.check().unwrap();
+        assert_eq!(t.free_slots(), 0);
+        assert!(t.bytes() < bytes, "{} >= {bytes}", t.bytes());
+        assert!(t.epoch > epoch);
+        let after: HashMap<_, _> = t.ngrams().into_iter().collect();
+        assert_eq!(after, before);
+        // Still a working trie: it grows and evicts as before.
+        t.allowance = 1000;
+        t.add_windows(&text, 6, 0..200);
+        t.sweep(10_000, 10);
+        t.check().unwrap();
     }
 
     #[test]
