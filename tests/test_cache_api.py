@@ -34,6 +34,7 @@ def test_every_core_error_maps_to_a_lookahead_exception():
         "UnknownRequest",
         "RequestExists",
         "Io",
+        "NotFound",
         "Format",
         "Invariant",
         "Internal",
@@ -43,6 +44,7 @@ def test_every_core_error_maps_to_a_lookahead_exception():
         "UnknownRequest": KeyError,
         "RequestExists": ValueError,
         "Io": OSError,
+        "NotFound": FileNotFoundError,
         "Format": ValueError,
         "Invariant": RuntimeError,
         "Internal": RuntimeError,
@@ -472,9 +474,15 @@ def test_save_load_round_trip(tmp_path):
     (tmp_path / "junk").write_bytes(b"not a save file at all")
     with pytest.raises(errors.FileFormatError):
         LookaheadCache.load(tmp_path / "junk")
-    with pytest.raises(errors.PersistError):
+    with pytest.raises(errors.FileFormatError, match="junk"):
+        LookaheadCache.load(tmp_path / "junk")
+    # A missing file is a PersistError and a FileNotFoundError, naming the path and errno.
+    with pytest.raises(FileNotFoundError, match=r"missing.*os error 2") as e:
         LookaheadCache.load(tmp_path / "missing")
-    with pytest.raises(errors.PersistError):
+    assert isinstance(e.value, errors.PersistError)
+    with pytest.raises(errors.PersistError, match="is a directory"):
+        LookaheadCache.load(tmp_path)
+    with pytest.raises(errors.PersistError, match="no-such-dir"):
         c.save(tmp_path / "no-such-dir" / "x")
     with pytest.raises(InvalidInput, match="background_indexing"):
         LookaheadCache.load(path, background_indexing="no")

@@ -16,6 +16,7 @@ from lookahead.errors import (
     LookaheadError,
     PersistError,
     RequestExists,
+    SaveFileNotFound,
     UnknownRequest,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "LookaheadError",
     "PersistError",
     "RequestExists",
+    "SaveFileNotFound",
     "UnknownRequest",
     "__version__",
     *_ENGINE_NAMES,

@@ -283,7 +283,9 @@ class LookaheadCache:
         return dict(self._c.stats())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the shared histories and the configuration to `path` (not live prompts).
+        """Writes the shared histories and the configuration to `path` (not live prompts):
+        checksummed, atomic (temporary file, fsync, rename, folder fsync); a symbolic link
+        is written through.
 
         Each namespace's history is read under its lock, so `extend` calls of that namespace
         (and drafts queued behind them) wait for its walk: ~0.7 s for 2.8M nodes on a 2-core

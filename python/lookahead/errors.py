@@ -14,6 +14,7 @@ __all__ = [
     "LookaheadError",
     "PersistError",
     "RequestExists",
+    "SaveFileNotFound",
     "UnknownRequest",
 ]
 
@@ -43,8 +44,13 @@ class PersistError(LookaheadError, OSError):
     threads."""
 
 
+class SaveFileNotFound(PersistError, FileNotFoundError):
+    """`LookaheadCache.load` of a path that does not exist."""
+
+
 class FileFormatError(LookaheadError, ValueError):
-    """A save file is not a lookahead save file, or of another version."""
+    """A save file is not a lookahead save file, of another version, or damaged (its
+    checksum, length or structure does not hold); the message names the file."""
 
 
 class InternalError(LookaheadError, RuntimeError):

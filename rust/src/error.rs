@@ -13,6 +13,8 @@ pub enum Error {
     RequestExists(String),
     /// An OS operation failed: reading or writing a save file, starting a thread.
     Io(String),
+    /// A file to load does not exist.
+    NotFound(String),
     /// A save file is not in the expected format or version.
     Format(String),
     /// `check_invariants` found broken structure.
@@ -22,11 +24,12 @@ pub enum Error {
 }
 
 /// The variants by name, in declaration order: the binding layer's test walks this list.
-pub const ERROR_KINDS: [&str; 7] = [
+pub const ERROR_KINDS: [&str; 8] = [
     "InvalidInput",
     "UnknownRequest",
     "RequestExists",
     "Io",
+    "NotFound",
     "Format",
     "Invariant",
     "Internal",
@@ -40,6 +43,7 @@ impl Error {
             Error::UnknownRequest(_) => "UnknownRequest",
             Error::RequestExists(_) => "RequestExists",
             Error::Io(_) => "Io",
+            Error::NotFound(_) => "NotFound",
             Error::Format(_) => "Format",
             Error::Invariant(_) => "Invariant",
             Error::Internal(_) => "Internal",
@@ -53,6 +57,7 @@ impl Error {
             "UnknownRequest" => Error::UnknownRequest(msg),
             "RequestExists" => Error::RequestExists(msg),
             "Io" => Error::Io(msg),
+            "NotFound" => Error::NotFound(msg),
             "Format" => Error::Format(msg),
             "Invariant" => Error::Invariant(msg),
             "Internal" => Error::Internal(msg),
@@ -66,6 +71,7 @@ impl Error {
             | Error::UnknownRequest(m)
             | Error::RequestExists(m)
             | Error::Io(m)
+            | Error::NotFound(m)
             | Error::Format(m)
             | Error::Invariant(m)
             | Error::Internal(m) => m,
@@ -81,9 +87,16 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-impl From<std::io::Error> for Error {
-    fn from(e: std::io::Error) -> Self {
-        Error::Io(e.to_string())
+impl Error {
+    /// An OS error of an operation on `path`, naming both (and the errno, which the
+    /// io::Error's text carries); a missing file is `NotFound`.
+    pub fn io(what: &str, path: &std::path::Path, e: &std::io::Error) -> Error {
+        let msg = format!("cannot {what} {}: {e}", path.display());
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::NotFound(msg)
+        } else {
+            Error::Io(msg)
+        }
     }
 }
 

@@ -1,19 +1,32 @@
 //! save / load of the shared histories (a warm start). Prompts of live requests are not saved.
 //!
-//! Format, little-endian, version 2:
+//! Format, little-endian, version 3:
 //! ```text
-//! magic  b"LKAHTRIE"  | version u32 | max_depth u32 | capacity_nodes u64
+//! magic  b"LKAHSAV3"  | version u32 | max_depth u32 | capacity_nodes u64
 //! prompt_weight f64   | output_weight f64 | keep_prompt_as_history u8 | background_indexing u8
 //! history_skip lo u32 | hi u32 (0, 0: none)
 //! namespaces u32, then per namespace:
 //!   name_len u32 | name (UTF-8) | nodes u64 | nodes x (parent u32, token u32, count u32)
-//! b"END!"
+//! b"END!" | file_len u64 (of the whole file) | checksum u64
 //! ```
-//! Version 1 (no `history_skip`; its drafts consulted the history at every length) loads
-//! with `history_skip` None.
+//! The checksum is FNV-1a 64 over every byte before it. Each step of FNV-1a is a bijection
+//! of the state, so any change confined to one byte always changes it; other damage goes
+//! unnoticed with probability about 2^-64 (it guards against corruption, not an attacker).
+//! A file is refused unless its checksum, its length field and its actual length agree,
+//! with nothing after the checksum.
+//!
+//! Versions 1 and 2 (magic b"LKAHTRIE", no checksum; version 1 had no `history_skip`, so
+//! it loads with None) still load, with the same structural checks and no trailing bytes.
+//! Their magic differs from version 3's in four bytes, so no single damaged byte turns a
+//! version 3 file into one that skips the checksum.
 //! Nodes are in breadth-first order and numbered from 1 in file order (0 is the root), so a
 //! parent always comes before its children. Each namespace is a consistent snapshot (taken
 //! under its read lock); namespaces are saved one after another.
+//!
+//! Writes are atomic and durable: a temporary file beside the target, fsynced, renamed over
+//! it, then the folder fsynced. Saving onto a symbolic link writes through it (the link's
+//! target is replaced, the link stays). Temporary files of saves killed mid-write are
+//! removed by the next save to the same path.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -26,12 +39,68 @@ use crate::cache::{Cache, Config, MAX_INDEX_THREADS, MAX_NAMESPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::trie::{Trie, ROOT};
 
-const MAGIC: &[u8; 8] = b"LKAHTRIE";
+const MAGIC: &[u8; 8] = b"LKAHSAV3";
+/// Magic of versions 1 and 2.
+const LEGACY_MAGIC: &[u8; 8] = b"LKAHTRIE";
 const END: &[u8; 4] = b"END!";
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Nodes a file's count may reserve room for before they are read (a hostile count must not
 /// allocate before the file proves it holds them).
 const PREALLOC_NODES: u64 = 1 << 16;
+/// Marks this crate's temporary files (`<name>.<pid>.<n>.tmp-lookahead`).
+const TMP_SUFFIX: &str = ".tmp-lookahead";
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
+/// A writer that checksums and counts what passes through it.
+struct Summing<W: Write> {
+    w: W,
+    hash: u64,
+    len: u64,
+}
+
+impl<W: Write> Write for Summing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.w.write(buf)?;
+        self.hash = fnv1a(self.hash, &buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
+}
+
+/// The path a save really writes: a symbolic link's target (written through, created if
+/// the link dangles), following chains of links up to 40 deep as the OS does.
+fn resolve(path: &Path) -> Result<PathBuf> {
+    let mut p = path.to_owned();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to =
+                    std::fs::read_link(&p).map_err(|e| Error::io("follow the link", &p, &e))?;
+                p = match p.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(Error::Io(format!(
+        "cannot save to {}: too many levels of symbolic links",
+        path.display()
+    )))
+}
 
 /// A temporary file beside `path`, unique to this save: concurrent saves (to one path, or to
 /// `h.bin` and `h.dat`) never write into each other's file.
@@ -42,73 +111,150 @@ fn temp_beside(path: &Path) -> Result<PathBuf> {
         .ok_or_else(|| Error::InvalidInput(format!("{} names no file", path.display())))?
         .to_owned();
     let n = SAVES.fetch_add(1, Ordering::Relaxed);
-    name.push(format!(".{}.{n}.tmp-lookahead", std::process::id()));
+    name.push(format!(".{}.{n}{TMP_SUFFIX}", std::process::id()));
     Ok(path.with_file_name(name))
 }
 
+/// Removes temporary files of earlier saves to `path` whose process is gone (killed
+/// mid-write). Only where /proc tells which processes live; elsewhere they stay.
+fn remove_stale_temps(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("{}.", name.to_string_lossy());
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        let Some(rest) = file
+            .strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(TMP_SUFFIX))
+        else {
+            continue;
+        };
+        let Some((pid, n)) = rest.split_once('.') else {
+            continue;
+        };
+        let ours = pid.parse::<u32>().is_ok() && n.parse::<u64>().is_ok();
+        if ours && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Writes the configuration and every namespace's history to `path`, through a temporary
-/// file renamed over it once complete (a reader never sees a partial file).
+/// file renamed over it once complete and on disk (a reader never sees a partial file, a
+/// crash leaves the old file or the new one).
 pub fn save(cache: &Cache, path: &Path) -> Result<()> {
-    let tmp = temp_beside(path)?;
-    let written = write_to(cache, &tmp).and_then(|()| Ok(std::fs::rename(&tmp, path)?));
+    let path = resolve(path)?;
+    remove_stale_temps(&path);
+    let tmp = temp_beside(&path)?;
+    let written = write_to(cache, &tmp)
+        .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| Error::io("replace", &path, &e)));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written
-}
-
-fn write_to(cache: &Cache, tmp: &Path) -> Result<()> {
-    {
-        let mut w = BufWriter::new(File::create(tmp)?);
-        let c = cache.config();
-        w.write_all(MAGIC)?;
-        w.write_all(&VERSION.to_le_bytes())?;
-        w.write_all(&(c.max_depth as u32).to_le_bytes())?;
-        w.write_all(&c.capacity_nodes.to_le_bytes())?;
-        w.write_all(&c.prompt_weight.to_le_bytes())?;
-        w.write_all(&c.output_weight.to_le_bytes())?;
-        w.write_all(&[
-            u8::from(c.keep_prompt_as_history),
-            u8::from(c.background_indexing),
-        ])?;
-        let (lo, hi) = c.history_skip.unwrap_or((0, 0));
-        w.write_all(&(lo as u32).to_le_bytes())?;
-        w.write_all(&(hi as u32).to_le_bytes())?;
-        let all = cache.namespaces();
-        w.write_all(&(all.len() as u32).to_le_bytes())?;
-        for ns in all {
-            let h = ns.history.read().unwrap_or_else(|e| e.into_inner());
-            w.write_all(&(ns.name.len() as u32).to_le_bytes())?;
-            w.write_all(ns.name.as_bytes())?;
-            w.write_all(&h.nodes().to_le_bytes())?;
-            // Breadth-first; `queue[i]` is the arena index of file node i (0: root).
-            let mut queue = vec![ROOT];
-            let mut i = 0;
-            while i < queue.len() {
-                let n = queue[i];
-                for (tok, c) in h.children(n) {
-                    w.write_all(&(i as u32).to_le_bytes())?;
-                    w.write_all(&tok.to_le_bytes())?;
-                    w.write_all(&h.node(c).count.to_le_bytes())?;
-                    queue.push(c);
-                }
-                i += 1;
-            }
-        }
-        w.write_all(END)?;
-        w.flush()?;
+    written?;
+    // The rename is durable once the folder is on disk too.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io("sync the folder of", &path, &e))?;
     }
     Ok(())
 }
 
-struct Reader<R: Read>(R);
+fn write_to(cache: &Cache, tmp: &Path) -> Result<()> {
+    let err = |e: std::io::Error| Error::io("write", tmp, &e);
+    let file = File::create(tmp).map_err(err)?;
+    let mut w = Summing {
+        w: BufWriter::new(file),
+        hash: FNV_OFFSET,
+        len: 0,
+    };
+    write_body(cache, &mut w).map_err(err)?;
+    let len = w.len + 16;
+    w.write_all(&len.to_le_bytes()).map_err(err)?;
+    let hash = w.hash;
+    w.write_all(&hash.to_le_bytes()).map_err(err)?;
+    let file = w.w.into_inner().map_err(|e| err(e.into_error()))?;
+    file.sync_all().map_err(err)
+}
 
-impl<R: Read> Reader<R> {
+fn write_body(cache: &Cache, w: &mut impl Write) -> std::io::Result<()> {
+    let c = cache.config();
+    w.write_all(MAGIC)?;
+    w.write_all(&VERSION.to_le_bytes())?;
+    w.write_all(&(c.max_depth as u32).to_le_bytes())?;
+    w.write_all(&c.capacity_nodes.to_le_bytes())?;
+    w.write_all(&c.prompt_weight.to_le_bytes())?;
+    w.write_all(&c.output_weight.to_le_bytes())?;
+    w.write_all(&[
+        u8::from(c.keep_prompt_as_history),
+        u8::from(c.background_indexing),
+    ])?;
+    let (lo, hi) = c.history_skip.unwrap_or((0, 0));
+    w.write_all(&(lo as u32).to_le_bytes())?;
+    w.write_all(&(hi as u32).to_le_bytes())?;
+    let all = cache.namespaces();
+    w.write_all(&(all.len() as u32).to_le_bytes())?;
+    for ns in all {
+        let h = ns.history.read().unwrap_or_else(|e| e.into_inner());
+        w.write_all(&(ns.name.len() as u32).to_le_bytes())?;
+        w.write_all(ns.name.as_bytes())?;
+        w.write_all(&h.nodes().to_le_bytes())?;
+        // Breadth-first; `queue[i]` is the arena index of file node i (0: root).
+        let mut queue = vec![ROOT];
+        let mut i = 0;
+        while i < queue.len() {
+            let n = queue[i];
+            for (tok, c) in h.children(n) {
+                w.write_all(&(i as u32).to_le_bytes())?;
+                w.write_all(&tok.to_le_bytes())?;
+                w.write_all(&h.node(c).count.to_le_bytes())?;
+                queue.push(c);
+            }
+            i += 1;
+        }
+    }
+    w.write_all(END)?;
+    w.flush()
+}
+
+/// Reads a save file, checksumming and counting what it reads.
+struct Reader<'p, R: Read> {
+    r: R,
+    path: &'p Path,
+    hash: u64,
+    len: u64,
+}
+
+impl<R: Read> Reader<'_, R> {
+    fn fill(&mut self, b: &mut [u8]) -> Result<()> {
+        self.r.read_exact(b).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                self.damaged("it is truncated")
+            } else {
+                Error::io("read", self.path, &e)
+            }
+        })?;
+        self.hash = fnv1a(self.hash, b);
+        self.len += b.len() as u64;
+        Ok(())
+    }
     fn bytes<const N: usize>(&mut self) -> Result<[u8; N]> {
         let mut b = [0u8; N];
-        self.0
-            .read_exact(&mut b)
-            .map_err(|e| Error::Format(format!("save file is truncated or unreadable: {e}")))?;
+        self.fill(&mut b)?;
         Ok(b)
     }
     fn u32(&mut self) -> Result<u32> {
@@ -119,6 +265,24 @@ impl<R: Read> Reader<R> {
     }
     fn f64(&mut self) -> Result<f64> {
         Ok(f64::from_le_bytes(self.bytes()?))
+    }
+    /// A format error naming the file.
+    fn damaged(&self, why: &str) -> Error {
+        Error::Format(format!(
+            "{} is not a valid lookahead save file: {why}",
+            self.path.display()
+        ))
+    }
+    /// Whether the file ends here.
+    fn at_end(&mut self) -> Result<bool> {
+        let mut b = [0u8; 1];
+        loop {
+            match self.r.read(&mut b) {
+                Ok(n) => return Ok(n == 0),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io("read", self.path, &e)),
+            }
+        }
     }
 }
 
@@ -135,18 +299,53 @@ pub fn load(
             "index_threads must be in 0..={MAX_INDEX_THREADS}, got {n}"
         )));
     }
-    let mut r = Reader(BufReader::new(File::open(path)?));
-    let fmt = |m: String| Error::Format(m);
-    if &r.bytes::<8>()? != MAGIC {
-        return Err(fmt(format!(
-            "{} is not a lookahead save file",
+    let file = File::open(path).map_err(|e| Error::io("open", path, &e))?;
+    let meta = file.metadata().map_err(|e| Error::io("open", path, &e))?;
+    if meta.is_dir() {
+        return Err(Error::Io(format!(
+            "cannot load {}: it is a directory",
             path.display()
         )));
     }
+    let mut r = Reader {
+        r: BufReader::new(file),
+        path,
+        hash: FNV_OFFSET,
+        len: 0,
+    };
+    let (cache, version) = read_body(&mut r, background_indexing, index_threads)?;
+    if version >= 3 {
+        let len = r.len + 16;
+        let want_len = r.u64()?;
+        let hash = r.hash;
+        let want_hash = r.u64()?;
+        if want_len != len || want_hash != hash {
+            return Err(r.damaged("its checksum or length does not match its contents"));
+        }
+    }
+    if !r.at_end()? {
+        return Err(r.damaged("bytes follow its end"));
+    }
+    Ok(cache)
+}
+
+/// The cache a file's body describes, and the file's version.
+fn read_body<R: Read>(
+    r: &mut Reader<'_, R>,
+    background_indexing: Option<bool>,
+    index_threads: Option<usize>,
+) -> Result<(Cache, u32)> {
+    let magic = r.bytes::<8>()?;
     let version = r.u32()?;
-    if !(1..=VERSION).contains(&version) {
-        return Err(fmt(format!(
-            "save file version {version}, this build reads 1 to {VERSION}"
+    let known = match &magic {
+        m if m == MAGIC => version == VERSION,
+        m if m == LEGACY_MAGIC => (1..VERSION).contains(&version),
+        _ => return Err(r.damaged("no lookahead save file magic")),
+    };
+    if !known {
+        return Err(r.damaged(&format!(
+            "version {version} under magic {:?}; this build reads versions 1 to {VERSION}",
+            String::from_utf8_lossy(&magic)
         )));
     }
     let max_depth = r.u32()? as usize;
@@ -154,6 +353,9 @@ pub fn load(
     let prompt_weight = r.f64()?;
     let output_weight = r.f64()?;
     let [keep, bg] = r.bytes::<2>()?;
+    if keep > 1 || bg > 1 {
+        return Err(r.damaged("a flag byte is neither 0 nor 1"));
+    }
     let history_skip = if version >= 2 {
         match (r.u32()? as usize, r.u32()? as usize) {
             (0, 0) => None,
@@ -172,28 +374,29 @@ pub fn load(
         index_threads: index_threads.unwrap_or(0),
         history_skip,
     };
-    let cache =
-        Cache::new(cfg).map_err(|e| fmt(format!("save file holds a bad configuration: {e}")))?;
+    let cache = Cache::new(cfg).map_err(|e| match e {
+        Error::InvalidInput(m) => r.damaged(&format!("it holds a bad configuration: {m}")),
+        other => other,
+    })?;
     let n_ns = r.u32()?;
     let mut names = HashSet::new();
     for _ in 0..n_ns {
         let len = r.u32()? as usize;
         if len > MAX_NAMESPACE_BYTES {
-            return Err(fmt(format!("namespace name of {len} bytes")));
+            return Err(r.damaged(&format!("a namespace name of {len} bytes")));
         }
         let mut name = vec![0u8; len];
-        r.0.read_exact(&mut name)
-            .map_err(|e| fmt(format!("save file is truncated: {e}")))?;
+        r.fill(&mut name)?;
         let name =
-            String::from_utf8(name).map_err(|_| fmt("namespace name is not UTF-8".into()))?;
+            String::from_utf8(name).map_err(|_| r.damaged("a namespace name is not UTF-8"))?;
         if !names.insert(name.clone()) {
-            return Err(fmt(format!("namespace {name:?} appears twice")));
+            return Err(r.damaged(&format!("namespace {name:?} appears twice")));
         }
         let n = r.u64()?;
         let got = cache.budget().reserve_up_to(n);
         if got < n {
             cache.budget().release(got);
-            return Err(fmt(format!(
+            return Err(r.damaged(&format!(
                 "namespace {name:?} holds {n} nodes, more than the capacity left"
             )));
         }
@@ -205,40 +408,46 @@ pub fn load(
         index.push(ROOT);
         depth.push(0);
         for _ in 0..n {
-            let (parent, token, count) = (r.u32()? as usize, r.u32()?, r.u32()?);
-            let Some((&p, &d)) = index.get(parent).zip(depth.get(parent)) else {
-                cache.budget().release(t.nodes() + t.allowance);
-                return Err(fmt(format!(
-                    "node {} names parent {parent}, not yet read",
-                    index.len()
-                )));
+            let node = (|| Ok((r.u32()? as usize, r.u32()?, r.u32()?)))();
+            let bad = match node {
+                Err(e) => Some(e),
+                Ok((parent, token, count)) => match index.get(parent).zip(depth.get(parent)) {
+                    None => Some(r.damaged(&format!(
+                        "node {} names parent {parent}, not yet read",
+                        index.len()
+                    ))),
+                    Some((_, &d)) if usize::from(d) >= max_depth => Some(r.damaged(&format!(
+                        "node {} is deeper than max_depth {max_depth}",
+                        index.len()
+                    ))),
+                    Some((&p, &d)) => {
+                        let before = t.nodes();
+                        let c = t.child_or_insert(p, token);
+                        if c == NONE || t.nodes() == before {
+                            Some(r.damaged(&format!(
+                                "duplicate child {token} under file node {parent}"
+                            )))
+                        } else {
+                            t.bump(c, count);
+                            index.push(c);
+                            depth.push(d + 1);
+                            None
+                        }
+                    }
+                },
             };
-            if usize::from(d) >= max_depth {
+            if let Some(e) = bad {
                 cache.budget().release(t.nodes() + t.allowance);
-                return Err(fmt(format!(
-                    "node {} is deeper than max_depth {max_depth}",
-                    index.len()
-                )));
+                return Err(e);
             }
-            let before = t.nodes();
-            let c = t.child_or_insert(p, token);
-            if c == NONE || t.nodes() == before {
-                cache.budget().release(t.nodes() + t.allowance);
-                return Err(fmt(format!(
-                    "duplicate child {token} under file node {parent}"
-                )));
-            }
-            t.bump(c, count);
-            index.push(c);
-            depth.push(d + 1);
         }
         t.compute_links();
         cache.install_history(&name, t);
     }
     if &r.bytes::<4>()? != END {
-        return Err(fmt("save file has trailing garbage or is truncated".into()));
+        return Err(r.damaged("its end marker is missing"));
     }
-    Ok(cache)
+    Ok((cache, version))
 }
 
 #[cfg(test)]
@@ -283,7 +492,7 @@ mod tests {
         assert_eq!(load(&path, None, None).err().unwrap().kind(), "Format");
         // Version 1 had no history_skip: it loads with none (what its drafts did).
         let mut v1 = Vec::new();
-        v1.extend_from_slice(MAGIC);
+        v1.extend_from_slice(LEGACY_MAGIC);
         v1.extend_from_slice(&1u32.to_le_bytes());
         v1.extend_from_slice(&6u32.to_le_bytes());
         v1.extend_from_slice(&1000u64.to_le_bytes());
@@ -303,10 +512,11 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A version 2 header (no checksum: the structural checks below must hold alone).
     fn header(capacity: u64, depth: u32) -> Vec<u8> {
         let mut v = Vec::new();
-        v.extend_from_slice(MAGIC);
-        v.extend_from_slice(&VERSION.to_le_bytes());
+        v.extend_from_slice(LEGACY_MAGIC);
+        v.extend_from_slice(&2u32.to_le_bytes());
         v.extend_from_slice(&depth.to_le_bytes());
         v.extend_from_slice(&capacity.to_le_bytes());
         v.extend_from_slice(&4f64.to_le_bytes());
@@ -388,6 +598,112 @@ mod tests {
         c.start_request(rid.clone(), vec![5], "default").unwrap();
         c.extend(&rid, &[0, 0]).unwrap();
         c.check_invariants().unwrap();
+    }
+
+    fn saved_file(name: &str) -> (std::path::PathBuf, Vec<u8>) {
+        let cfg = Config {
+            max_depth: 6,
+            capacity_nodes: 100_000,
+            background_indexing: false,
+            ..Config::default()
+        };
+        let c = Cache::new(cfg).unwrap();
+        c.add_history(&[(0..400).map(|i| i * 7 % 61).collect()], "default")
+            .unwrap();
+        c.add_history(&[vec![4, 5, 6, 4, 5, 7]], "b").unwrap();
+        let dir = scratch(name);
+        let path = dir.join("h.bin");
+        save(&c, &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        (dir, bytes)
+    }
+
+    /// Any damaged byte, anywhere (header, body, end marker, length, checksum), and any
+    /// bytes after the end are refused as a format error that names the file.
+    #[test]
+    fn every_damaged_file_is_refused() {
+        let (dir, good) = saved_file("flips");
+        let path = dir.join("d.bin");
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..1000 {
+            x ^= x << 7;
+            x ^= x >> 9;
+            let mut bad = good.clone();
+            let at = (x as usize) % bad.len();
+            // The first 120 flips cover the header and the trailer byte by byte.
+            let at = if i < 120 {
+                if i < 60 {
+                    i
+                } else {
+                    bad.len() - (i - 59)
+                }
+            } else {
+                at
+            };
+            bad[at] ^= ((x >> 32) as u8) | 1;
+            std::fs::write(&path, &bad).unwrap();
+            let e = load(&path, Some(false), None).err();
+            let e = e.unwrap_or_else(|| panic!("flip at byte {at} of {} loaded", bad.len()));
+            assert_eq!(e.kind(), "Format", "flip at {at}: {e}");
+            assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+        }
+        for tail in [&b"x"[..], &good[..]] {
+            std::fs::write(&path, [&good[..], tail].concat()).unwrap();
+            let e = load(&path, Some(false), None).err().unwrap();
+            assert!(e.to_string().contains("bytes follow its end"), "{e}");
+        }
+        std::fs::write(&path, &good[..good.len() - 1]).unwrap();
+        let e = load(&path, Some(false), None).err().unwrap();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn io_errors_name_the_path_and_the_errno() {
+        let dir = scratch("io");
+        let missing = dir.join("missing.bin");
+        let e = load(&missing, None, None).err().unwrap();
+        assert_eq!(e.kind(), "NotFound");
+        assert!(e.to_string().contains("missing.bin") && e.to_string().contains("os error 2"));
+        let e = load(&dir, None, None).err().unwrap();
+        assert_eq!(e.kind(), "Io");
+        assert!(e.to_string().contains("directory"), "{e}");
+        let c = Cache::new(Config::default()).unwrap();
+        let e = save(&c, &dir.join("no/such/folder/h.bin")).err().unwrap();
+        assert!(e.to_string().contains("no/such/folder"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A save killed mid-write leaves its temporary file; the next save to that path
+    /// removes it (but not one of a live process: a save in progress). A symbolic link is
+    /// written through: the link stays, its target gets the new file.
+    #[test]
+    fn stale_temporaries_go_and_links_are_written_through() {
+        let (dir, good) = saved_file("stale");
+        let path = dir.join("h.bin");
+        let dead = dir.join(format!("h.bin.{}.0{TMP_SUFFIX}", u32::MAX - 7));
+        let live = dir.join(format!("h.bin.{}.99{TMP_SUFFIX}", std::process::id()));
+        let other = dir.join(format!("g.bin.{}.0{TMP_SUFFIX}", u32::MAX - 7));
+        for f in [&dead, &live, &other] {
+            std::fs::write(f, b"partial").unwrap();
+        }
+        let c = load(&path, Some(false), None).unwrap();
+        save(&c, &path).unwrap();
+        assert!(!dead.exists() && live.exists() && other.exists());
+        let nodes = |p: &Path| load(p, Some(false), None).unwrap().stats().history_nodes;
+        assert_eq!(nodes(&path), c.stats().history_nodes);
+        assert!(good.len() > 100);
+
+        let target = dir.join("target.bin");
+        let link = dir.join("link.bin");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        save(&c, &link).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(nodes(&target), c.stats().history_nodes);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Saves running at once, to one path or to two sharing a stem, each write a whole

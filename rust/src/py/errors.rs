@@ -15,6 +15,7 @@ pub fn exception_name(e: &Error) -> &'static str {
         Error::UnknownRequest(_) => "UnknownRequest",
         Error::RequestExists(_) => "RequestExists",
         Error::Io(_) => "PersistError",
+        Error::NotFound(_) => "SaveFileNotFound",
         Error::Format(_) => "FileFormatError",
         Error::Invariant(_) => "InvariantError",
         Error::Internal(_) => "InternalError",
