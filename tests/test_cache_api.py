@@ -615,3 +615,36 @@ def test_huge_or_lying_lengths_are_refused_not_aborted():
     c.extend("r", Claims(1, [4, 5, 6, 7]))
     c.extend("r", range(5))
     assert c.stats()["live_requests"] == 1
+
+
+def test_hostile_arguments_raise_the_packages_own_errors():
+    import torch
+
+    c = LookaheadCache(background_indexing=False)
+    # Each of these once raised a built-in exception (or was silently accepted).
+    for bad_rid in ("r\udcff",):
+        with pytest.raises(InvalidInput, match="lone surrogate"):
+            c.start_request(bad_rid, [1, 2])
+    with pytest.raises(InvalidInput, match="lone surrogate"):
+        c.start_request(1, [1, 2], namespace="ns\ud800")
+    with pytest.raises(InvalidInput, match="tensor of torch.bfloat16"):
+        c.start_request(2, torch.tensor([1, 2], dtype=torch.bfloat16))
+    with pytest.raises(InvalidInput, match="tensor of torch.float32"):
+        c.start_request(2, torch.tensor([1.0, 2.0]))
+    for not_ids in (bytearray(b"\x01\x02"), memoryview(b"\x01\x02"), b"\x01"):
+        with pytest.raises(InvalidInput, match="sequence of ints"):
+            c.start_request(3, not_ids)
+    masked = np.ma.masked_array([1, 2, 3], mask=[0, 1, 0])
+    with pytest.raises(InvalidInput, match="mask would be ignored"):
+        c.start_request(4, masked)
+    for corpus in (None, 5, "abc"):
+        with pytest.raises(InvalidInput, match="corpus must be a list"):
+            c.add_history(corpus)
+    c.start_request(5, [1, 2, 3])
+    for pad in (0.0, -1.0, True, "0"):
+        with pytest.raises(InvalidInput, match="pad_parent"):
+            c.draft_batch([5], budget=4, pad_parent=pad)
+    assert c.draft_batch([5], budget=4, pad_parent=np.int64(0)).parents.shape == (1, 5)
+    assert c.stats()["live_requests"] == 1
+    c.check_invariants()
+

@@ -249,7 +249,7 @@ class LookaheadCache:
             raise InvalidInput(f"threads must be a non-negative int or None, got {threads!r}")
         if width is not None and (not _is_int(width) or width < 1):
             raise InvalidInput(f"width must be a positive int or None, got {width!r}")
-        if isinstance(pad_parent, bool) or pad_parent not in (-1, 0):
+        if not isinstance(pad_parent, (int, np.integer)) or isinstance(pad_parent, bool) or pad_parent not in (-1, 0):  # fmt: skip
             raise InvalidInput(f"pad_parent must be -1 or 0, got {pad_parent!r}")
         return BatchDraft(
             *self._c.draft_batch(
@@ -269,9 +269,13 @@ class LookaheadCache:
         self._c.finish_request(rid, None if keep_prompt is None else bool(keep_prompt))
 
     def add_history(self, corpus: list[TokenIds], namespace: str = "default") -> None:
-        """Pre-builds `namespace`'s shared history from a corpus of token lists."""
+        """Pre-builds `namespace`'s shared history from a corpus of token lists.
+
+        Ctrl-C stops it between parts of 262,144 tokens (what was indexed stays)."""
         if isinstance(corpus, np.ndarray) and corpus.ndim == 1:
             raise InvalidInput("corpus must be a list of token lists, got a 1-D array")
+        if isinstance(corpus, (str, bytes)) or not isinstance(corpus, Iterable):
+            raise InvalidInput(f"corpus must be a list of token lists, got {type(corpus).__name__}")
         self._c.add_history(list(corpus), namespace)
 
     def stats(self) -> dict[str, int]:

@@ -10,7 +10,10 @@ use numpy::{
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PySequence, PyString, PyTuple, PyType};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyInt, PyList, PyMemoryView, PySequence, PyString, PyTuple,
+    PyType,
+};
 
 use super::errors::to_pyerr;
 use crate::cache::{RequestId, MAX_BUDGET};
@@ -44,11 +47,27 @@ fn is_int(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(obj.is_instance_of::<PyInt>() || obj.is_instance(numpy_integer(obj.py())?)?)
 }
 
+/// `numpy.ma.MaskedArray`: its mask would be ignored by a read of the data.
+fn masked_array(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static CLASS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    CLASS.import(py, "numpy.ma", "MaskedArray")
+}
+
+/// A str as UTF-8; a lone surrogate (which UTF-8 cannot hold) is a bad argument.
+fn utf8(s: &Bound<'_, PyString>, what: &str) -> PyResult<String> {
+    s.to_cow().map(|c| c.into_owned()).map_err(|_| {
+        invalid(
+            s.py(),
+            format!("{what} must be valid Unicode text, got a str with a lone surrogate"),
+        )
+    })
+}
+
 /// A request id: an int (64-bit; numpy integers too) or a str. Bools are refused.
 pub fn rid(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
     let py = obj.py();
     if let Ok(s) = obj.cast_exact::<PyString>() {
-        return Ok(RequestId::Str(s.to_cow()?.into_owned()));
+        return Ok(RequestId::Str(utf8(s, "request id")?));
     }
     if is_int(obj)? {
         return obj
@@ -57,7 +76,7 @@ pub fn rid(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
             .map_err(|_| invalid(py, format!("request id {obj} does not fit in 64 bits")));
     }
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(RequestId::Str(s.to_cow()?.into_owned()));
+        return Ok(RequestId::Str(utf8(s, "request id")?));
     }
     let what = if obj.is_instance_of::<PyBool>() {
         "a bool".to_owned()
@@ -101,7 +120,7 @@ pub fn multi_branch(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// A namespace name.
 pub fn namespace(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     match obj.cast::<PyString>() {
-        Ok(s) => Ok(s.to_cow()?.into_owned()),
+        Ok(s) => utf8(s, "namespace"),
         Err(_) => Err(invalid(
             obj.py(),
             format!("namespace must be a str, got {}", type_name(obj)),
@@ -165,13 +184,44 @@ pub fn token_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
         return Ok(out);
     }
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        if obj.is_instance(masked_array(py)?)? {
+            return Err(invalid(
+                py,
+                format!(
+                    "{what}: a masked array's mask would be ignored; pass arr.compressed() or \
+                     arr.filled(value)"
+                ),
+            ));
+        }
         return array_ids(arr, what);
     }
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
-        return Err(not_a_sequence(py, what));
+    if obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PyMemoryView>()
+    {
+        // Bytes are not token ids (a tokenizer's output is); refusing them catches text
+        // passed where ids belong.
+        return Err(invalid(
+            py,
+            format!(
+                "{what} must be a sequence of ints or a 1-D integer array, got {}",
+                type_name(obj)
+            ),
+        ));
     }
     if obj.hasattr("detach")? && obj.hasattr("numpy")? {
-        // A torch tensor (any device): its CPU copy as a numpy array.
+        // A torch tensor (any device): its CPU copy as a numpy array. Floating and complex
+        // tensors (bf16 has no numpy dtype) are refused by their own flags first.
+        for flag in ["is_floating_point", "is_complex"] {
+            if obj.hasattr(flag)? && obj.call_method0(flag)?.is_truthy()? {
+                let dtype = obj.getattr("dtype")?;
+                return Err(invalid(
+                    py,
+                    format!("{what} must be integers, got a tensor of {dtype}"),
+                ));
+            }
+        }
         let arr = obj
             .call_method0("detach")?
             .call_method0("cpu")?
