@@ -648,3 +648,36 @@ def test_hostile_arguments_raise_the_packages_own_errors():
     assert c.stats()["live_requests"] == 1
     c.check_invariants()
 
+
+def test_ctrl_c_stops_a_long_add_history_within_a_second():
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import os, signal, threading, time
+        import numpy as np
+        from lookahead import LookaheadCache
+        c = LookaheadCache(capacity_nodes=50_000_000, background_indexing=False)
+        text = np.random.default_rng(0).integers(0, 32000, size=20_000_000)
+        sent = []
+        def interrupt():
+            sent.append(time.perf_counter())
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Timer(1.0, interrupt).start()
+        t0 = time.perf_counter()
+        try:
+            c.add_history([text])
+            print("finished", time.perf_counter() - t0)
+        except KeyboardInterrupt:
+            print("interrupted", time.perf_counter() - sent[0])
+        c.check_invariants()
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    word, seconds = out.stdout.split()
+    assert word == "interrupted", out.stdout
+    assert float(seconds) < 1.0, out.stdout

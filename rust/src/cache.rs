@@ -621,11 +621,17 @@ impl Shared {
 
     /// Indexes every window of `text` into `ns`'s history, `CHUNK_TOKENS` windows per lock.
     fn add_history(&self, ns: &Namespace, text: &[u32]) {
+        self.add_history_part(ns, text, 0..text.len());
+    }
+
+    /// Counts into `ns`'s history the n-grams of `text` that end at a token in `part`
+    /// (parts that tile the text count exactly what the whole text does).
+    fn add_history_part(&self, ns: &Namespace, text: &[u32], part: std::ops::Range<usize>) {
         let depth = self.cfg.max_depth;
         let mut cur = Cursors::stale();
-        let mut s = 0;
-        while s < text.len() {
-            let end = (s + CHUNK_TOKENS).min(text.len());
+        let mut s = part.start;
+        while s < part.end {
+            let end = (s + CHUNK_TOKENS).min(part.end);
             // The n-grams ending at each token, as `extend` counts them (same counts as all
             // windows of the text, and suffix links come for free).
             let before = &text[s.saturating_sub(depth - 1)..s];
@@ -1116,6 +1122,27 @@ impl Cache {
         Ok(())
     }
 
+    /// `add_history` of one text, counting only the n-grams that end at a token in `part`
+    /// (the binding calls it part by part, checking for Ctrl-C in between).
+    pub fn add_history_part(
+        &self,
+        text: &[u32],
+        part: std::ops::Range<usize>,
+        namespace: &str,
+    ) -> Result<()> {
+        let _busy = Busy::new(&self.shared);
+        check_namespace(namespace)?;
+        if part.start > part.end || part.end > text.len() {
+            return Err(Error::InvalidInput(format!(
+                "part {part:?} of a text of {} tokens",
+                text.len()
+            )));
+        }
+        let ns = self.shared.use_namespace(namespace);
+        self.shared.add_history_part(&ns, text, part);
+        Ok(())
+    }
+
     pub fn stats(&self) -> Stats {
         let mut s = Stats {
             capacity_nodes: self.shared.budget.capacity(),
@@ -1534,6 +1561,25 @@ mod tests {
         assert!(gone > 0 && gone <= 2000, "{gone}");
         assert_eq!(s.namespaces, 3001 - gone);
         c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn history_in_parts_counts_what_the_whole_text_does() {
+        let text: Vec<u32> = (0..1000u32).map(|i| (i * 13 + i / 9) % 41).collect();
+        let (a, b) = (
+            Cache::new(cfg(6, 1 << 20, false)).unwrap(),
+            Cache::new(cfg(6, 1 << 20, false)).unwrap(),
+        );
+        a.add_history(std::slice::from_ref(&text), "x").unwrap();
+        for s in (0..text.len()).step_by(77) {
+            b.add_history_part(&text, s..(s + 77).min(text.len()), "x")
+                .unwrap();
+        }
+        let (mut x, mut y) = (a.history_ngrams("x"), b.history_ngrams("x"));
+        x.sort();
+        y.sort();
+        assert_eq!(x, y);
+        assert!(b.add_history_part(&text, 5..2000, "x").is_err());
     }
 
     #[test]
