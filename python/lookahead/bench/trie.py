@@ -11,6 +11,9 @@ Measures, on this machine:
 - for core timings also thread-CPU time per call (the cost without preemption: on a shared,
   oversubscribed machine wall-clock tails mostly measure the scheduler);
 - bytes per stored node and per indexed prompt token;
+- many tenants: requests spread over 1 / 1k / 20k namespaces at a fixed capacity, each run in
+  a fresh child process: RSS growth, `stats()["bytes"]` per capacity node, µs per request
+  (start + extend + draft + finish; mean and p99, the p99 being where eviction runs);
 - with `--peers`, next to the peers' rows: our cost per decoding step through the Python API
   (`extend` + `draft`, and the fused `step`) at 1k / 8k / 32k-token contexts, beside vLLM's
   n-gram scan over the same contexts (`lookahead.bench.peers.hostcost`).
@@ -201,6 +204,62 @@ def bench_concurrent(cache, rids, stream, iters, prompt_len=32_000) -> dict:
             "prompts_indexed_per_s": indexed[0] / el}  # fmt: skip
 
 
+TENANTS_CHILD = """
+import json, sys, time
+import numpy as np
+from lookahead import LookaheadCache
+
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) * 1024
+
+names, requests, capacity = map(int, sys.argv[1:4])
+c = LookaheadCache(capacity_nodes=capacity, background_indexing=False)
+rng = np.random.default_rng(0)
+prompts = rng.integers(0, 32000, size=(requests, 64))
+outs = rng.integers(0, 32000, size=(requests, 32))
+r0 = rss()
+ns = np.empty(requests, dtype=np.int64)
+worst = 0
+for i in range(requests):
+    t = time.perf_counter_ns()
+    c.start_request(i, prompts[i], namespace=f"t-{i % names}")
+    c.extend(i, outs[i])
+    c.draft(i, budget=8)
+    c.finish_request(i)
+    ns[i] = time.perf_counter_ns() - t
+    if i % 1000 == 0:
+        worst = max(worst, c.stats()["bytes"])
+s = c.stats()
+print(json.dumps({"rss": rss() - r0, "worst_bytes": worst, "stats": s,
+                  "us": (ns[requests // 2:] / 1e3).tolist()}))
+"""
+
+
+def bench_tenants(requests: int, capacity: int, names=(1, 1_000, 20_000)) -> list[dict]:
+    """Requests spread over `names` namespaces, each count in a fresh child process."""
+    import subprocess
+
+    rows = []
+    for n in names:
+        out = subprocess.run(
+            [sys.executable, "-c", TENANTS_CHILD, str(n), str(requests), str(capacity)],
+            capture_output=True, text=True, check=True, timeout=1800,
+        )  # fmt: skip
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        us = np.asarray(r["us"])
+        st = r["stats"]
+        rows.append({"what": "tenants", "path": "api", "size": n, "requests": requests,
+                     "capacity_nodes": capacity, "rss_mb": r["rss"] / 2**20,
+                     "bytes_per_capacity_node": r["worst_bytes"] / capacity,
+                     "namespaces_held": st["namespaces"], "evicted_nodes": st["evicted_nodes"],
+                     "mean": float(us.mean()), "p50": float(np.percentile(us, 50)),
+                     "p99": float(np.percentile(us, 99)), "unit": "us"})  # fmt: skip
+    return rows
+
+
 def print_rows(rows: list[dict]) -> None:
     for r in rows:
         if r["what"] == "index_prompt":
@@ -222,6 +281,12 @@ def print_rows(rows: list[dict]) -> None:
                 tail += f"  [{r['prompts_indexed_per_s']:.1f} x 32k prompts/s indexed meanwhile]"
             print(f"{r['what']:<21} budget {r['size']:>2} {kind:5} [{r['path']:4}]  mean {r['mean']:7.2f}  "
                   f"p50 {r['p50']:7.2f}  p99 {r['p99']:8.2f} us{tail}")  # fmt: skip
+        elif r["what"] == "tenants":
+            print(f"tenants {r['size']:>6} namespaces  {r['requests']} requests at capacity "
+                  f"{r['capacity_nodes']}: RSS +{r['rss_mb']:.1f} MB, "
+                  f"{r['bytes_per_capacity_node']:.1f} B per capacity node, "
+                  f"{r['namespaces_held']} held, {r['evicted_nodes']} evicted; per request "
+                  f"mean {r['mean']:.1f} p50 {r['p50']:.1f} p99 {r['p99']:.1f} us")  # fmt: skip
         elif r["what"].startswith("ratio"):
             print(f"{r['what']:<21} {r['path']:<24} median {r['median']:.2f}x over {r['rounds']} "
                   f"rounds (min {r['min']:.2f}x, max {r['max']:.2f}x)")  # fmt: skip
@@ -256,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="small sizes (a smoke run); explicit sizes still win"
     )
     ap.add_argument("--peers", action="store_true", help="also measure peer tries (hook)")
+    ap.add_argument(
+        "--tenants-only", action="store_true", help="only the many-tenants rows (memory, cost)"
+    )
     ap.add_argument("--json", metavar="FILE", help="write all rows and the machine here")
     ap.add_argument("--plot", metavar="PNG", help="draw the results as a PNG")
     args = ap.parse_args(argv)
@@ -264,6 +332,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, default in zip(("history_nodes", "iters", "reps"), defaults):
         if getattr(args, name) is None:
             setattr(args, name, default)
+    if args.tenants_only:
+        rows = bench_tenants(4_000 if args.quick else 40_000, 100_000)
+        print_rows(rows)
+        out = header(command_line("lookahead bench trie", argv))
+        out.update({"bench": "trie", "rows": rows})
+        if args.json:
+            write_json(args.json, out)
+            print(f"wrote {args.json}")
+        return 0
     if args.data == "zipf":
         texts, source = zipf_texts(400_000), "zipf(1.1) synthetic, 32k ids, repeated phrases"
     else:
@@ -278,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     rids = start_drafting_requests(cache, stream, 64, 1_000)
     rows += bench_draft(cache, rids, [8, 16, 32], args.iters)
     rows.append(bench_concurrent(cache, rids, stream, args.iters, 8_000 if args.quick else 32_000))
+    rows += bench_tenants(4_000 if args.quick else 40_000, 100_000)
     if args.peers:
         rows += peer_rows(texts, stream, args)
     print_rows(rows)
