@@ -9,9 +9,11 @@ help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 .PHONY: install
-install:  ## build and install the wheel with the HF engine (torch, transformers)
+install: wheel  ## build the release wheel and install it with the HF engine (torch, transformers)
 	$(PIP) install -r requirements/hf.txt
-	$(PIP) install ".[hf,plot]"
+	$(PIP) install "$$(ls dist/lookahead_spec-*.whl)[hf,plot]"
+	# The same version number may already be installed (editable, or an older build).
+	$(PIP) install --no-deps --force-reinstall dist/lookahead_spec-*.whl
 
 .PHONY: demo
 demo: install  ## install, fetch the default model, run `lookahead demo`
@@ -25,9 +27,21 @@ dev:  ## editable install with test and lint tools, SGLang 0.5.23 (no CUDA deps)
 	$(PIP) install -e ".[hf,plot,test,dev]"
 
 .PHONY: test
-test: dev  ## cargo tests, bounded fuzz run, pytest (CPU; real SGLang CPU servers; no unallowed skip under CI=true)
+test: dev  ## cargo tests, bounded fuzz run, pytest (CPU; real SGLang CPU servers; no unallowed skip under CI=true), wheel smoke test
 	cargo test --manifest-path rust/Cargo.toml --release
 	$(PY) -m pytest tests
+	$(MAKE) wheel-smoke PY="$(PY)"
+
+.PHONY: wheel
+wheel:  ## release wheel (abi3: CPython >= 3.11; manylinux tag checked by maturin) and sdist, in dist/
+	$(PIP) install -r requirements/build.txt
+	rm -f dist/lookahead_spec-*
+	$(PY) -m maturin build --release --out dist
+	$(PY) -m maturin sdist --out dist
+
+.PHONY: wheel-smoke
+wheel-smoke: wheel  ## install the wheel, then the sdist's, in a fresh venv without Rust; smoke-test each
+	PY="$(PY)" bash tests/wheel/run.sh dist/lookahead_spec-*.whl --sdist dist/lookahead_spec-*.tar.gz
 
 .PHONY: lint
 lint:  ## ruff, cargo fmt, clippy
