@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import warnings
 
 from lookahead.models import DTYPES
+
+
+def _say(message: str) -> None:
+    """`message` on stderr, if stderr is open (print(file=None) would write it to stdout)."""
+    if sys.stderr is not None:
+        print(message, file=sys.stderr)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings during a command as one line each, like the errors (no source line)."""
+    _say(f"lookahead: {category.__name__}: {message}")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -82,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts",
         default=None,
         help="JSONL file of your own prompts: one object per line with 'prompt' (or 'turns', a "
-        "list of strings) and optionally 'category'",
+        "list of strings) and optionally 'category'; an empty prompt is refused (as by "
+        "generate), before the model loads",
     )
     demo.add_argument(
         "--max-new-tokens", type=int, default=256, help="new tokens per answer, at most (256)"
@@ -153,8 +167,7 @@ def _generate(args) -> int:
         except ValueError as e:
             if str(e) != NO_CHAT_TEMPLATE:
                 raise
-            print("lookahead: the tokenizer has no chat template; using the prompt as is",
-                  file=sys.stderr)  # fmt: skip
+            _say("lookahead: the tokenizer has no chat template; using the prompt as is")
             chat = False
 
     def stream(_ids, delta):
@@ -176,7 +189,7 @@ def _generate(args) -> int:
     )
     s = res.stats
     print()
-    print(
+    _say(
         f"[{s.new_tokens} tokens in {s.total_s:.2f}s = {s.new_tokens / s.total_s:.1f} tok/s; "
         f"{s.steps} steps, {s.tokens_per_step:.2f} tokens/step, {s.mean_accepted:.2f} accepted "
         f"draft tokens/step; prefill {s.prefill_s:.2f}s, draft {s.draft_s:.3f}s, mask "
@@ -184,8 +197,7 @@ def _generate(args) -> int:
         f"{s.kv_s:.3f}s (host {100 * s.host_overhead:.1f}% of forward); {args.dtype}, budget "
         f"{gen.budget}"
         + (f" ({gen.max_budget} after deep acceptance)" if gen.max_budget > gen.budget else "")
-        + f"; finish: {res.finish_reason}]",
-        file=sys.stderr,
+        + f"; finish: {res.finish_reason}]"
     )
     return 0
 
@@ -213,6 +225,19 @@ def _check_args(args) -> str | None:
         return "--prompt is empty"
     if args.command == "generate" and "" in args.stop:
         return "--stop must not be empty (it would match anywhere)"
+    if args.command == "generate":
+        # Undecodable argv or stdin bytes reach us as lone surrogates, which tokenizers
+        # refuse with a TypeError deep inside.
+        from lookahead.engine import text_problem
+
+        from_stdin = getattr(args, "prompt_from_stdin", False)
+        problem = text_problem(args.prompt)
+        if problem:
+            return f"{'the prompt read from stdin' if from_stdin else '--prompt'} {problem}"
+        for stop in args.stop:
+            problem = text_problem(stop)
+            if problem:
+                return f"--stop {problem}"
     if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**64:
         return f"--seed must be in [0, 2**64), got {args.seed}"
     if args.command == "generate":
@@ -235,6 +260,21 @@ def _check_args(args) -> str | None:
     return None
 
 
+def _read_prompt(args) -> str | None:
+    """Read `--prompt -` from stdin into `args.prompt`; what went wrong, or None."""
+    if sys.stdin is None:
+        return "--prompt -: stdin is closed"
+    try:
+        args.prompt = sys.stdin.read()
+    except UnicodeDecodeError as e:
+        byte = e.object[e.start : e.start + 1].hex()
+        return f"the prompt read from stdin is not valid {e.encoding}: {e.reason} 0x{byte}"
+    except OSError as e:
+        return f"--prompt -: cannot read stdin: {e.strerror or e}"
+    args.prompt_from_stdin = True
+    return None
+
+
 def main(argv: list | None = None) -> int:
     """Entry point of the `lookahead` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -243,11 +283,15 @@ def main(argv: list | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): the output would be lost
+        _say("lookahead: stdout is closed: nowhere to write the output")
+        return 1
+    problem = None
     if args.command == "generate" and args.prompt == "-":
-        args.prompt = sys.stdin.read()
-    problem = _check_args(args)
+        problem = _read_prompt(args)
+    problem = problem or _check_args(args)
     if problem:
-        print(f"lookahead: {problem}", file=sys.stderr)
+        _say(f"lookahead: {problem}")
         return 2
     from lookahead.errors import LookaheadError
     from lookahead.models import ModelLoadError
@@ -257,25 +301,33 @@ def main(argv: list | None = None) -> int:
 
         check_outputs(args.json, plot=args.plot)  # before the model loads and the prompts run
     try:
-        if args.threads is not None:
-            import torch
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            if args.threads is not None:
+                import torch
 
-            torch.set_num_threads(args.threads)
-        if args.command == "demo":
-            from lookahead import demo
+                torch.set_num_threads(args.threads)
+            if args.command == "demo":
+                from lookahead import demo
 
-            return demo.main(args)
-        return _generate(args)
+                rc = demo.main(args)
+            else:
+                rc = _generate(args)
+            sys.stdout.flush()  # a reader gone by now fails here, not in the flush at exit
+            return rc
     except KeyboardInterrupt:
-        print("\nlookahead: interrupted", file=sys.stderr)
+        _say("\nlookahead: interrupted")
         return 130
     except BrokenPipeError:
-        # The reader went away (`| head`): nothing more to say, and nowhere to say it.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # The reader went away (`| head`): nothing more to say, and nowhere to say it. Point
+        # stdout at /dev/null so the flush at exit does not fail again (a stdout without a
+        # file descriptor has nothing to point).
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (LookaheadError, ModelLoadError, ValueError, OSError) as e:
         # What a user can fix (a path, a prompt file, a device, a model): one line, no trace.
-        print(f"lookahead: {type(e).__name__}: {e}", file=sys.stderr)
+        _say(f"lookahead: {type(e).__name__}: {e}")
         return 1
 
 

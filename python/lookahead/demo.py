@@ -54,8 +54,11 @@ class DemoRow:
 def load_prompts(path=None, categories=DEFAULT_CATEGORIES, count=DEFAULT_COUNT) -> list:
     """Prompts (dicts with question_id, category, turns) from a JSONL file or the shipped sample.
 
-    `categories` None or empty keeps every category; `count` None keeps every prompt.
+    `categories` None or empty keeps every category; `count` None keeps every prompt. A
+    prompt that is empty or not valid Unicode is refused (ValueError), as `generate` does.
     """
+    from lookahead.engine import text_problem
+
     if path is None:
         text = resources.files("lookahead").joinpath("data/spec_bench_sample.jsonl").read_text()
         source = "the shipped Spec-Bench sample"
@@ -75,6 +78,13 @@ def load_prompts(path=None, categories=DEFAULT_CATEGORIES, count=DEFAULT_COUNT) 
         turns = row.get("turns") or ([row["prompt"]] if "prompt" in row else None)
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
             raise ValueError(f"{source}, line {i + 1}: needs 'turns' (list of strings) or 'prompt'")
+        # Refused here as `lookahead generate` refuses them, before the model loads: an empty
+        # prompt, and text a tokenizer cannot take (a JSON escape of a lone surrogate).
+        if not turns[0]:
+            raise ValueError(f"{source}, line {i + 1}: the prompt is empty")
+        problem = text_problem(turns[0])
+        if problem:
+            raise ValueError(f"{source}, line {i + 1}: the prompt {problem}")
         category = row.get("category", "custom")
         if not isinstance(category, str) or not category or category == "overall":
             raise ValueError(
@@ -142,8 +152,10 @@ def run(
     multi_branch=True,
     min_draft_score=None,
 ):
-    """Run both methods on every prompt; yields `DemoRow`s as they finish."""
-    from lookahead.engine import LookaheadGenerator
+    """Run both methods on every prompt; yields `DemoRow`s as they finish. A prompt longer
+    than the model's context is refused (`InvalidInput`) before any prompt runs."""
+    from lookahead.engine import LookaheadGenerator, context_length
+    from lookahead.errors import InvalidInput
 
     gen = LookaheadGenerator(
         model,
@@ -154,12 +166,21 @@ def run(
         multi_branch=multi_branch,
         min_draft_score=min_draft_score,
     )
+    # The engine refuses such a prompt too, but only when its turn comes: the rows before it
+    # would be lost.
+    encoded = [chat_ids(tokenizer, p["turns"][0]) for p in prompts]
+    ctx = context_length(model, tokenizer)
+    for p, ids in zip(prompts, encoded):
+        if ctx is not None and len(ids) > ctx:
+            raise InvalidInput(
+                f"prompt {p['question_id']} ({p['category']}) has {len(ids)} tokens, more than "
+                f"the model's context of {ctx} positions (max_position_embeddings)"
+            )
     # Warm-up: first calls pay one-off costs (thread pools, allocator) that are not decoding.
     warm = chat_ids(tokenizer, "Say hello.")
     plain_generate(model, warm, 4)
     gen.generate(warm, max_new_tokens=4, do_sample=False)
-    for p in prompts:
-        ids = chat_ids(tokenizer, p["turns"][0])
+    for p, ids in zip(prompts, encoded):
         plain_ids, plain_s = plain_generate(model, ids, max_new_tokens)
         # Greedy, as plain_generate (a model's generation config may ask for sampling).
         res = gen.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
@@ -319,7 +340,7 @@ def main(args) -> int:
     if busy:
         print(busy, file=sys.stderr)
     if args.json:
-        from lookahead.bench.harness import command_line, header
+        from lookahead.bench.harness import command_line, header, write_output
 
         payload = {
             **header(command_line("lookahead", None)),
@@ -342,7 +363,7 @@ def main(args) -> int:
             ],
             "summary": summary,
         }
-        Path(args.json).write_text(json.dumps(payload, indent=2))
+        write_output(args.json, json.dumps(payload, indent=2))
     if args.plot:
         plot(rows, summary, args.plot, args.dtype)
     return 0

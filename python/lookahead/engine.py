@@ -13,6 +13,7 @@ import itertools
 import math
 import operator
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -21,6 +22,7 @@ import torch
 
 from lookahead import kernels
 from lookahead.cache import _is_bool, _is_int
+from lookahead.errors import InvalidInput
 from lookahead.kv import check_cache_layers, check_model_supports_kv, keep_path, new_cache
 from lookahead.sampling import SamplingConfig, node_scores
 
@@ -174,6 +176,48 @@ class _TextTracker:
 
 NO_CHAT_TEMPLATE = "the tokenizer has no chat template; pass chat=False"
 
+# A tokenizer's `model_max_length` when nobody set it (transformers' VERY_LARGE_INTEGER).
+_UNSET_MAX_LENGTH = int(1e29)
+
+
+def text_problem(text: str) -> str | None:
+    """What makes `text` unfit for a tokenizer, or None: a lone surrogate, which is what
+    Python makes of undecodable bytes in argv or a `surrogateescape` stream (U+DC80-U+DCFF
+    for bytes 0x80-0xFF), or of a bad JSON escape; tokenizers fail on it with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        cp = ord(text[e.start])
+        if 0xDC80 <= cp <= 0xDCFF:
+            return (
+                f"is not valid UTF-8: undecodable byte 0x{cp - 0xDC00:02x} at character {e.start}"
+            )
+        return f"is not valid Unicode: lone surrogate U+{cp:04X} at character {e.start}"
+    return None
+
+
+def context_length(model, tokenizer=None) -> int | None:
+    """Positions the model was built for: `max_position_embeddings`, times a RoPE scaling
+    factor that is meant to extend it (one given without an `original_max_position_embeddings`
+    that differs, as Qwen's YaRN recipe and linear scaling are; Llama 3.1's already counts
+    it), else the tokenizer's `model_max_length` if set; None when nothing says."""
+    cfg = getattr(model, "config", None)
+    n = getattr(cfg, "max_position_embeddings", None)
+    if _is_int(n) and n > 0:
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None)
+        if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) not in (
+            None,
+            "default",
+        ):
+            factor = rope.get("factor")
+            original = rope.get("original_max_position_embeddings")
+            if isinstance(factor, (int, float)) and factor > 1 and original in (None, n):
+                n = int(n * factor)
+        return int(n)
+    m = getattr(tokenizer, "model_max_length", None)
+    return int(m) if _is_int(m) and 0 < m < _UNSET_MAX_LENGTH else None
+
+
 # Request ids of every generator in this process: generators may share one cache.
 _REQUEST_IDS = itertools.count()
 
@@ -293,6 +337,7 @@ class LookaheadGenerator:
         self._device = next(model.parameters()).device
         # Token ids the model embeds: prompts are checked against it, drafts pruned to it.
         self._vocab = model.get_input_embeddings().weight.shape[0]
+        self._context = context_length(model, tokenizer)
 
     # -- input handling -------------------------------------------------------------------
     def encode(self, prompt, chat: bool = False) -> list:
@@ -302,6 +347,9 @@ class LookaheadGenerator:
                 raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
             if not prompt:
                 raise ValueError("the prompt is empty")
+            problem = text_problem(prompt)
+            if problem:
+                raise InvalidInput(f"the prompt {problem}")
             if chat:
                 try:
                     ids = self.tokenizer.apply_chat_template(
@@ -389,6 +437,27 @@ class LookaheadGenerator:
         penalty = pick(repetition_penalty, "repetition_penalty", 1.0)
         return SamplingConfig(do_sample, temperature, top_k, top_p, penalty)
 
+    def _check_context(self, prompt_len: int, max_new: int) -> None:
+        """Refuse a prompt longer than the model's context, before the prefill: a learned
+        position table has no row for it (an IndexError mid-prefill, a device-side assert on
+        CUDA) and rotary positions past the trained range give meaningless output. Output that
+        may run past the context is only warned about (as HF `generate` does, but up front):
+        it may well stop sooner."""
+        ctx = self._context
+        if ctx is None:
+            return
+        if prompt_len > ctx:
+            raise InvalidInput(
+                f"the prompt has {prompt_len} tokens, more than the model's context of {ctx} "
+                "positions (max_position_embeddings); shorten it"
+            )
+        if prompt_len + max_new > ctx:
+            warnings.warn(
+                f"the prompt ({prompt_len} tokens) plus max_new_tokens ({max_new}) exceed the "
+                f"model's context of {ctx} positions; tokens past it may be degraded",
+                stacklevel=3,
+            )
+
     # -- generation -----------------------------------------------------------------------
     def generate(
         self,
@@ -423,7 +492,10 @@ class LookaheadGenerator:
         strings are matched on the text with them, as HF does. Sampling draws output position i with the
         i-th uniform of a `torch.Generator` seeded with `seed` (an int in [0, 2**64); None: a
         fresh seed, leaving torch's global generator alone), so a seed gives the same output
-        whatever the drafts, as plain sampling with that generator would.
+        whatever the drafts, as plain sampling with that generator would. A prompt longer than
+        the model's context (`context_length`) is refused with `InvalidInput` before the
+        prefill, as is text with lone surrogates (undecodable bytes); one that fits but may run
+        past the context within `max_new_tokens` gets a warning.
         """
         if not _is_int(max_new_tokens) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -437,6 +509,10 @@ class LookaheadGenerator:
             raise ValueError(
                 "stop_strings must not contain an empty string (it would match anywhere)"
             )
+        for s in stop_strings:  # decoded text holds no lone surrogates: it would never match
+            problem = text_problem(s)
+            if problem:
+                raise InvalidInput(f"stop string {s!r} {problem}")
         if stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer")
         if seed is not None and not (_is_int(seed) and 0 <= seed < 2**64):
@@ -451,6 +527,7 @@ class LookaheadGenerator:
             budget = max_budget = _check_budget("budget", budget)
         cfg = self._sampling(do_sample, temperature, top_k, top_p, repetition_penalty)
         ids = self.encode(prompt, chat=chat)
+        self._check_context(len(ids), max_new_tokens)
         stops = self._eos_ids(eos_token_id)
         stop_ids = _as_id_set(stop_token_ids, "stop_token_ids")
         mb = (

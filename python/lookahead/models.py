@@ -117,7 +117,8 @@ def _is_converted(folder: Path) -> bool:
 def _converting(folder: Path):
     """Held while `folder` is checked and converted: one process converts it, the others
     wait and then find it converted. Temporary folders of conversions killed before they
-    could clean up (`<name>.XXXX`) are removed under the lock (nobody else is writing them)."""
+    could clean up (`<name>.XXXX`) are removed under the lock (nobody else is writing them),
+    and so is the lock file itself when done, converted or not."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -128,17 +129,30 @@ def _converting(folder: Path):
         import fcntl
     except ImportError:  # not POSIX: no lock, the rename below still keeps folders whole
         fcntl = None
-    with open(folder.parent / f"{folder.name}.lock", "a") as lock:
-        if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    path = folder.parent / f"{folder.name}.lock"
+    while True:
+        lock = open(path, "a")
+        if fcntl is None:
+            break
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # The holder we waited for removes the file before it lets go: a lock on that
+        # unlinked file excludes no one who opens the path now, so take the one there.
         try:
-            for stale in folder.parent.glob(glob.escape(folder.name) + ".*"):
-                if stale.is_dir() and not stale.is_symlink():
-                    shutil.rmtree(stale, ignore_errors=True)
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+            if os.path.samestat(os.fstat(lock.fileno()), os.stat(path)):
+                break
+        except FileNotFoundError:
+            pass
+        lock.close()
+    try:
+        for stale in folder.parent.glob(glob.escape(folder.name) + ".*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+        yield
+    finally:
+        # Removed while still held (see above); closing lets the lock go.
+        with contextlib.suppress(OSError):
+            path.unlink()
+        lock.close()
 
 
 def _convert_once(folder: Path, convert) -> Path:
@@ -167,26 +181,34 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     # that `_is_converted` would accept.
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
-        with _hub_offline():
-            kw = {"gguf_file": gguf_path.name, "local_files_only": True}
-            model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), **kw)
-            tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kw)
-        # The weights are dequantized on load; keeping the GGUF quantizer config would make
-        # the saved folder ask for the GGUF file again.
-        for obj in (model.config, getattr(model, "hf_quantizer", None)):
-            if obj is not None and hasattr(obj, "quantization_config"):
-                with contextlib.suppress(AttributeError):
-                    delattr(obj, "quantization_config")
-        model.hf_quantizer = None
-        model.is_quantized = False
-        model.config._name_or_path = out_dir.name
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
+        try:
+            with _hub_offline():
+                kw = {"gguf_file": gguf_path.name, "local_files_only": True}
+                model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), **kw)
+                tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), **kw)
+            # The weights are dequantized on load; keeping the GGUF quantizer config would
+            # make the saved folder ask for the GGUF file again.
+            for obj in (model.config, getattr(model, "hf_quantizer", None)):
+                if obj is not None and hasattr(obj, "quantization_config"):
+                    with contextlib.suppress(AttributeError):
+                        delattr(obj, "quantization_config")
+            model.hf_quantizer = None
+            model.is_quantized = False
+            model.config._name_or_path = out_dir.name
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            tmp.rename(out_dir)
+        except Exception as err:
+            # A corrupt file fails deep in the GGUF reader (struct.error, ValueError,
+            # KeyError...): name the file, keep the reader's reason.
+            kind = type(err).__qualname__
+            if type(err).__module__ != "builtins":  # `struct.error`, not a bare `error`
+                kind = f"{type(err).__module__}.{kind}"
+            raise ModelLoadError(f"cannot convert {gguf_path}: {kind}: {err}") from err
+    except BaseException:  # that, or an interrupt: no half folder is left
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir

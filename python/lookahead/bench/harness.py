@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import datetime as _dt
+import errno
 import importlib.metadata
 import json
 import os
 import platform
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -109,7 +112,64 @@ def write_json(path: str | os.PathLike, payload: dict) -> None:
         return x
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(clean(payload), indent=1) + "\n")
+    write_output(path, json.dumps(clean(payload), indent=1) + "\n")
+
+
+def _is_special(real: Path) -> bool:
+    """An existing non-regular file (/dev/stdout, /dev/null, a FIFO): written in place."""
+    return real.exists() and not real.is_file() and not real.is_dir()
+
+
+def write_output(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` as `check_outputs` proved it can be: a file through a temporary
+    one in its folder renamed over it (a failed write keeps the old file whole), a device or
+    FIFO in place (a rename would replace it)."""
+    real = Path(os.path.realpath(path))  # a symlink's target is replaced, not the link
+    if _is_special(real):
+        with open(real, "w") as f:
+            f.write(text)
+        return
+    mode = real.stat().st_mode & 0o777 if real.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)  # mkstemp makes it private; results are ordinary files
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _unwritable(path: str | os.PathLike) -> str | None:
+    """Why `path` could not be written at the end, or None, found by doing it now short of
+    writing bytes: permission bits (root passes them all) do not say whether /proc, /sys or a
+    read-only mount takes a file. A file needs its folder to take a new one (a probe is made
+    and removed: `write_output` renames one there) and, if it exists, to open for writing (as
+    the benches' direct writes do); a device or FIFO must open for writing."""
+    real = Path(os.path.realpath(path))
+    if real.is_dir():
+        return "it is a folder"
+    if _is_special(real):
+        try:
+            os.close(os.open(real, os.O_WRONLY | getattr(os, "O_NONBLOCK", 0)))
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # a FIFO with no reader yet: the write waits for one
+                return e.strerror or str(e)
+        return None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".probe", dir=real.parent)
+    except OSError as e:
+        return f"{real.parent} takes no new file ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(probe)
+    if real.exists():
+        try:
+            os.close(os.open(real, os.O_WRONLY))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def command_line(prog: str, argv) -> str:
@@ -180,7 +240,8 @@ PLOT_FORMATS = (
 
 def check_outputs(*paths, plot=None) -> None:
     """Fails now, before any slow work, if an output file could not be written later: its
-    folder is created if missing and must be writable; `plot` must name an image format."""
+    folder is created if missing and must take a new file, an existing file must open for
+    writing (see `_unwritable`); `plot` must name an image format."""
     if plot is not None and not str(plot).lower().endswith(PLOT_FORMATS):
         raise SystemExit(f"cannot draw {plot}: name a {', '.join(PLOT_FORMATS)} file")
     for path in (*paths, plot):
@@ -191,8 +252,9 @@ def check_outputs(*paths, plot=None) -> None:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SystemExit(f"cannot write {path}: {e.strerror or e}") from None
-        if not os.access(folder, os.W_OK) or Path(path).is_dir():
-            raise SystemExit(f"cannot write {path}: not a writable file path")
+        problem = _unwritable(path)
+        if problem:
+            raise SystemExit(f"cannot write {path}: {problem}")
 
 
 def run_script(main, doc: str | None) -> None:
