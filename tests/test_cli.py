@@ -241,3 +241,47 @@ def test_demo_main_writes_json(tmp_path, monkeypatch, capsys):
     for key in ("plain_s", "lookahead_s", "mean_accepted", "lookahead_tokens", "category"):
         assert key in row
     assert "overall" in capsys.readouterr().out
+
+
+def test_demo_explains_forks_and_fails_on_a_wrong_token(tmp_path, monkeypatch, capsys):
+    from lookahead.engine import LookaheadGenerator
+
+    model, tok = tiny_model("llama", seed=5), tiny_tokenizer()
+    monkeypatch.setattr("lookahead.models.load_model", lambda *a, **k: (model, tok))
+    own = tmp_path / "p.jsonl"
+    own.write_text(
+        '{"question_id": 1, "category": "c", "turns": ["abcabcabcabc"]}\n'
+        '{"question_id": 2, "category": "c", "turns": ["xyzxyzxyz"]}\n'
+    )
+    args = SimpleNamespace(
+        categories="", prompts=str(own), count=2, model=None, dtype="float32",
+        max_new_tokens=10, budget=None, max_budget=None, depth=8, single_branch=False,
+        json=str(tmp_path / "out.json"), plot=None, no_pld=False,
+    )  # fmt: skip
+    assert demo.main(args) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["rounding_bound"] < 1e-3 and out["pld_tokens"] == demo.PLD_TOKENS
+    assert all(r["verdict"] == "identical" and r["pld_identical"] for r in out["rows"])
+    summary = {s["category"]: s for s in out["summary"]}["overall"]
+    assert (summary["identical"], summary["near_tie"], summary["bug"]) == (2, 0, 0)
+    assert "median_speedup_vs_pld" in summary
+    text = capsys.readouterr().out
+    assert "prompt lookup" in text and "near-tie forks 0, wrong 0" in text
+
+    # A planted wrong token in lookahead's output: the demo names it a bug and exits 1.
+    orig = LookaheadGenerator.generate
+
+    def wrong(self, *a, **k):
+        res = orig(self, *a, **k)
+        if len(res.ids) > 3:
+            res.ids[3] = (res.ids[3] + 1) % model.config.vocab_size
+        return res
+
+    monkeypatch.setattr(LookaheadGenerator, "generate", wrong)
+    args.no_pld = True
+    assert demo.main(args) == 1
+    captured = capsys.readouterr()
+    assert "fork @3, BUG" in captured.out and "This is a bug" in captured.err
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["pld_tokens"] is None and out["rows"][0]["verdict"] == "bug"
+    assert out["rows"][0]["fork"]["position"] == 3

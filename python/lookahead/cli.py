@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
-        "demo", help="plain model.generate vs lookahead on Spec-Bench prompts: speed, identity"
+        "demo",
+        help="plain model.generate vs HF prompt lookup vs lookahead on Spec-Bench prompts: "
+        "speed, identity (forks explained: near-tie or bug)",
     )
     _add_model_args(demo)
     demo.add_argument(
@@ -100,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--max-new-tokens", type=int, default=256, help="new tokens per answer, at most (256)"
+    )
+    demo.add_argument(
+        "--no-pld", action="store_true", help="skip HF prompt lookup (run plain and lookahead)"
     )
     demo.add_argument("--plot", default=None, help="write a PNG chart here (matplotlib)")
     demo.add_argument("--json", default=None, help="write every row as JSON here")

@@ -1,9 +1,13 @@
-"""`lookahead demo`: plain greedy `model.generate` against lookahead on Spec-Bench prompts.
+"""`lookahead demo`: plain greedy `model.generate`, HF prompt lookup and lookahead on
+Spec-Bench prompts.
 
 The package ships a sample of Spec-Bench (`lookahead/data/spec_bench_sample.jsonl`, Apache-2.0,
-see `lookahead/data/NOTICE`). Per prompt both methods run back to back (interleaved, so load
-drifts on a shared machine hit both alike); the table gives tokens/s of each, the speedup, the
-mean tokens per step, and whether the two outputs are identical.
+see `lookahead/data/NOTICE`). Per prompt the three methods run back to back, in an order rotated
+from prompt to prompt (so load drifts on a shared machine hit all alike); the table gives
+tokens/s of each, lookahead's speedup over plain decoding and over prompt lookup, tokens per
+step, and whether each output is identical to plain decoding's. An output that is not is
+explained (`lookahead.forks`): a near-tie fork within what this dtype's rounding can move a
+logit (measured at start-up), or a bug, which makes the demo exit 1.
 """
 
 from __future__ import annotations
@@ -37,6 +41,26 @@ class DemoRow:
     tokens_per_step: float  # emitted tokens per step (accepted + bonus)
     host_overhead: float  # (draft + mask + verify + KV fix-up) / forward time
     identical: bool
+    fork: object = None  # lookahead.forks.Fork where not identical
+    pld_tokens: int | None = None  # None: prompt lookup not run (--no-pld)
+    pld_s: float | None = None
+    pld_identical: bool | None = None
+    pld_fork: object = None
+
+    @property
+    def verdict(self) -> str:
+        """identical, near-tie or bug (lookahead against plain decoding)."""
+        if self.identical:
+            return "identical"
+        return "near-tie" if self.fork is not None and self.fork.near_tie else "bug"
+
+    @property
+    def pld_tps(self) -> float | None:
+        return None if self.pld_tokens is None else self.pld_tokens / self.pld_s
+
+    @property
+    def speedup_vs_pld(self) -> float | None:
+        return None if self.pld_tokens is None else self.lookahead_tps / self.pld_tps
 
     @property
     def plain_tps(self) -> float:
@@ -121,8 +145,13 @@ def chat_ids(tokenizer, text: str) -> list:
     return tokenizer(text)["input_ids"]
 
 
-def plain_generate(model, ids: list, max_new_tokens: int) -> tuple:
-    """Greedy `model.generate`; returns (new ids, seconds)."""
+# HF prompt lookup's tokens per draft: the value transformers' docs use.
+PLD_TOKENS = 10
+
+
+def plain_generate(model, ids: list, max_new_tokens: int, **kw) -> tuple:
+    """Greedy `model.generate` (with `kw`, e.g. `prompt_lookup_num_tokens`); returns (new
+    ids, seconds)."""
     import torch
 
     inp = torch.tensor([ids], device=model.device)
@@ -136,6 +165,7 @@ def plain_generate(model, ids: list, max_new_tokens: int) -> tuple:
             temperature=None,
             top_p=None,
             top_k=None,
+            **kw,
         )
     return out[0, len(ids) :].tolist(), time.perf_counter() - t0
 
@@ -151,11 +181,16 @@ def run(
     depth=12,
     multi_branch=True,
     min_draft_score=None,
+    pld=True,
+    bound=None,
 ):
-    """Run both methods on every prompt; yields `DemoRow`s as they finish. A prompt longer
-    than the model's context is refused (`InvalidInput`) before any prompt runs."""
+    """Run the methods on every prompt; yields `DemoRow`s as they finish. `pld`: also HF
+    prompt lookup. `bound`: the rounding bound for fork checks (None: measured here on the
+    first prompt, `lookahead.forks.rounding_bound`). A prompt longer than the model's
+    context is refused (`InvalidInput`) before any prompt runs."""
     from lookahead.engine import LookaheadGenerator, context_length
     from lookahead.errors import InvalidInput
+    from lookahead.forks import explain_fork
 
     gen = LookaheadGenerator(
         model,
@@ -179,12 +214,28 @@ def run(
     # Warm-up: first calls pay one-off costs (thread pools, allocator) that are not decoding.
     warm = chat_ids(tokenizer, "Say hello.")
     plain_generate(model, warm, 4)
+    if pld:
+        plain_generate(model, warm, 4, prompt_lookup_num_tokens=PLD_TOKENS)
     gen.generate(warm, max_new_tokens=4, do_sample=False)
-    for p, ids in zip(prompts, encoded):
-        plain_ids, plain_s = plain_generate(model, ids, max_new_tokens)
-        # Greedy, as plain_generate (a model's generation config may ask for sampling).
-        res = gen.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+    if bound is None:
+        bound = measure_bound(model, encoded[0])
+    methods = ["plain", "pld", "lookahead"] if pld else ["plain", "lookahead"]
+    for k, (p, ids) in enumerate(zip(prompts, encoded)):
+        out = {}
+        for m in methods[k % len(methods) :] + methods[: k % len(methods)]:
+            if m == "plain":
+                out[m] = plain_generate(model, ids, max_new_tokens)
+            elif m == "pld":
+                out[m] = plain_generate(
+                    model, ids, max_new_tokens, prompt_lookup_num_tokens=PLD_TOKENS
+                )
+            else:
+                # Greedy, as plain_generate (a model's generation config may ask for sampling).
+                out[m] = gen.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        plain_ids, plain_s = out["plain"]
+        res = out["lookahead"]
         s = res.stats
+        pld_ids, pld_s = out.get("pld", (None, None))
         yield DemoRow(
             question_id=p["question_id"],
             category=p["category"],
@@ -198,21 +249,49 @@ def run(
             tokens_per_step=s.tokens_per_step,
             host_overhead=s.host_overhead,
             identical=plain_ids == res.ids,
+            fork=explain_fork(model, ids, plain_ids, res.ids, bound),
+            pld_tokens=None if pld_ids is None else len(pld_ids),
+            pld_s=pld_s,
+            pld_identical=None if pld_ids is None else pld_ids == plain_ids,
+            pld_fork=None
+            if pld_ids is None
+            else explain_fork(model, ids, plain_ids, pld_ids, bound),
         )
 
 
+def measure_bound(model, ids: list) -> float:
+    """`lookahead.forks.rounding_bound` over the last 32 positions of `ids` (the first
+    prompt: this model, dtype and device, at a real prompt's logit magnitudes)."""
+    from lookahead.forks import rounding_bound
+
+    return rounding_bound(model, ids, rows=32)
+
+
 HEADER = (
-    f"{'id':>6} {'category':<14} {'prompt':>6} {'new':>5} {'plain tok/s':>11} "
-    f"{'lookahead tok/s':>15} {'speedup':>7} {'acc/step':>8} {'tok/step':>8} {'identical':>9}"
+    f"{'id':>6} {'category':<14} {'prompt':>6} {'new':>5} {'plain':>7} {'PLD':>7} "
+    f"{'lookahead':>9} {'vs plain':>8} {'vs PLD':>7} {'tok/step':>8}  identical to plain"
 )
+RED, RESET = "\033[31m", "\033[0m"
 
 
-def format_row(r: DemoRow) -> str:
-    """One table line."""
+def _same(identical, fork, color: bool) -> str:
+    if identical:
+        return "yes"
+    text = fork.describe() if fork is not None else "differs"
+    return f"{RED}{text}{RESET}" if color and "BUG" in text else text
+
+
+def format_row(r: DemoRow, color: bool = False) -> str:
+    """One table line (tok/s; lookahead's identity, then PLD's when it differs)."""
+    pld = f"{r.pld_tps:>7.1f}" if r.pld_tokens is not None else f"{'-':>7}"
+    vs_pld = f"{r.speedup_vs_pld:>6.2f}x" if r.pld_tokens is not None else f"{'-':>7}"
+    same = _same(r.identical, r.fork, color)
+    if r.pld_identical is False:
+        same += f" (PLD: {_same(False, r.pld_fork, color)})"
     return (
         f"{r.question_id!s:>6} {r.category:<14} {r.prompt_tokens:>6} {r.lookahead_tokens:>5} "
-        f"{r.plain_tps:>11.1f} {r.lookahead_tps:>15.1f} {r.speedup:>6.2f}x "
-        f"{r.mean_accepted:>8.2f} {r.tokens_per_step:>8.2f} {'yes' if r.identical else 'NO':>9}"
+        f"{r.plain_tps:>7.1f} {pld} {r.lookahead_tps:>9.1f} {r.speedup:>7.2f}x {vs_pld} "
+        f"{r.tokens_per_step:>8.2f}  {same}"
     )
 
 
@@ -234,9 +313,19 @@ def summarize(rows: list) -> list:
                 "plain_tps": statistics.fmean(r.plain_tps for r in rs),
                 "lookahead_tps": statistics.fmean(r.lookahead_tps for r in rs),
                 "identical": sum(r.identical for r in rs),
+                "near_tie": sum(r.verdict == "near-tie" for r in rs),
+                "bug": sum(r.verdict == "bug" for r in rs),
                 "host_overhead": statistics.fmean(r.host_overhead for r in rs),
             }
         )
+        with_pld = [r for r in rs if r.pld_tokens is not None]
+        if with_pld:
+            out[-1].update(
+                median_speedup_vs_pld=statistics.median(r.speedup_vs_pld for r in with_pld),
+                median_pld_speedup=statistics.median(r.pld_tps / r.plain_tps for r in with_pld),
+                pld_tps=statistics.fmean(r.pld_tps for r in with_pld),
+                pld_identical=sum(bool(r.pld_identical) for r in with_pld),
+            )
     return out
 
 
@@ -244,11 +333,17 @@ def format_summary(summary: list, dtype: str) -> str:
     """Summary lines, one per category and one overall."""
     lines = []
     for s in summary:
+        pld = ""
+        if "median_speedup_vs_pld" in s:
+            pld = (
+                f" ({s['median_speedup_vs_pld']:.2f}x prompt lookup, which gets "
+                f"{s['median_pld_speedup']:.2f}x)"
+            )
         lines.append(
-            f"{s['category']:<14} median speedup {s['median_speedup']:.2f}x  mean: "
+            f"{s['category']:<14} median speedup {s['median_speedup']:.2f}x{pld}  mean: "
             f"plain {s['plain_tps']:.1f} tok/s  lookahead {s['lookahead_tps']:.1f} tok/s  "
-            f"acc/step {s['mean_accepted']:.2f}  tok/step {s['tokens_per_step']:.2f}  "
-            f"identical {s['identical']}/{s['prompts']}  host overhead "
+            f"tok/step {s['tokens_per_step']:.2f}  identical {s['identical']}/{s['prompts']}, "
+            f"near-tie forks {s['near_tie']}, wrong {s['bug']}  host overhead "
             f"{100 * s['host_overhead']:.1f}% of forward  [{dtype}]"
         )
     return "\n".join(lines)
@@ -298,7 +393,7 @@ def main(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from lookahead.models import load_model, resolve_dtype
+    from lookahead.models import cpu_features, load_model, resolve_dtype
 
     if args.categories is None:  # the sample's copy-heavy categories; a user's file: all
         categories = DEFAULT_CATEGORIES if args.prompts is None else None
@@ -315,6 +410,16 @@ def main(args) -> int:
         f"{len(prompts)} prompts, max {args.max_new_tokens} new tokens",
         file=sys.stderr,
     )
+    pld = not getattr(args, "no_pld", False)
+    bound = measure_bound(model, chat_ids(tok, prompts[0]["turns"][0]))
+    features = cpu_features() if device == "cpu" else []
+    print(
+        f"# {args.dtype} on {device}" + (f" (CPU: {', '.join(features) or 'no AVX2'})" if device == "cpu" else "")
+        + f"; tok/s of plain model.generate, HF prompt lookup (PLD, {PLD_TOKENS} tokens) and "
+        f"lookahead; a fork within {bound:.3g} (twice what rounding moved a competing logit "
+        "between one-row and multi-row forwards here) is a near-tie, beyond it a bug"
+    )  # fmt: skip
+    color = sys.stdout.isatty()
     rows: list = []
     print(HEADER)
     it = run(
@@ -327,11 +432,13 @@ def main(args) -> int:
         depth=args.depth,
         multi_branch=not args.single_branch,
         min_draft_score=getattr(args, "min_draft_score", None),
+        pld=pld,
+        bound=bound,
     )
     with tqdm(total=len(prompts), desc="prompts", unit="prompt", file=sys.stderr) as bar:
         for row in it:
             rows.append(row)
-            tqdm.write(format_row(row), file=sys.stdout)
+            tqdm.write(format_row(row, color), file=sys.stdout)
             bar.update(1)
     summary = summarize(rows)
     print()
@@ -352,12 +459,18 @@ def main(args) -> int:
             "threads": torch.get_num_threads(),
             "depth": args.depth,
             "multi_branch": not args.single_branch,
+            "cpu_features": features,
+            "pld_tokens": PLD_TOKENS if pld else None,
+            "rounding_bound": bound,
             "rows": [
                 {
                     **asdict(r),
                     "speedup": r.speedup,
                     "plain_tps": r.plain_tps,
                     "lookahead_tps": r.lookahead_tps,
+                    "pld_tps": r.pld_tps,
+                    "speedup_vs_pld": r.speedup_vs_pld,
+                    "verdict": r.verdict,
                 }
                 for r in rows
             ],
@@ -366,4 +479,13 @@ def main(args) -> int:
         write_output(args.json, json.dumps(payload, indent=2))
     if args.plot:
         plot(rows, summary, args.plot, args.dtype)
+    bugs = [r for r in rows if r.verdict == "bug"]
+    if bugs:
+        msg = (
+            f"lookahead: {len(bugs)} output(s) differ from plain decoding by more than rounding "
+            f"explains (bound {bound:.3g}): " + "; ".join(f"{r.question_id}: {r.fork.describe() if r.fork else 'differs'}" for r in bugs)
+            + ". This is a bug; please report it with --json output."
+        )  # fmt: skip
+        print(f"{RED}{msg}{RESET}" if sys.stderr.isatty() else msg, file=sys.stderr)
+        return 1
     return 0

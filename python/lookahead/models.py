@@ -51,6 +51,21 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def cpu_features() -> list:
+    """This CPU's vector features that decide bf16 speed: avx2, avx512f, avx512_bf16,
+    amx_bf16 (those /proc/cpuinfo lists; empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set()
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        return []
+    return [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags]
+
+
 def resolve_dtype(dtype: str, device="cpu") -> str:
     """`auto` → `bfloat16` on a CUDA GPU that computes it natively or on a CPU with native
     bf16, else `float32`. (bf16 output can fork from plain decoding at near-ties: README.)
