@@ -174,7 +174,9 @@ impl Arena {
         if s.len() == s.capacity() {
             // The first segment doubles (copying at most half a segment, once per size);
             // later ones are full-size from the start.
-            s.reserve_exact(s.capacity().clamp(FIRST_SEG_LEN, SEG_LEN - s.len()));
+            // (`max` then `min`, not `clamp`: within 16 slots of a full segment the lower
+            // bound would exceed the upper one.)
+            s.reserve_exact(s.capacity().max(FIRST_SEG_LEN).min(SEG_LEN - s.len()));
         }
         s.push(node);
         let i = self.slots;
@@ -227,6 +229,22 @@ mod tests {
     #[test]
     fn node_is_36_bytes() {
         assert_eq!(std::mem::size_of::<Node>(), 36);
+    }
+
+    #[test]
+    fn a_first_segment_of_any_size_grows_to_a_full_one() {
+        // Capacities that double to within 16 slots of a full segment once made the growth
+        // step panic (clamp with min > max).
+        for n in [
+            0u64, 14, 15, 16, 1000, 8190, 16380, 16381, 16382, 32760, 32766, 32767,
+        ] {
+            let mut a = Arena::with_hint(n);
+            for t in 0..(SEG_LEN as u32 + 10) {
+                a.alloc(Node::new(t, NONE));
+            }
+            assert_eq!(a.live(), SEG_LEN as u32 + 10);
+            assert_eq!(a.segs[0].capacity(), SEG_LEN, "hint {n}");
+        }
     }
 
     #[test]

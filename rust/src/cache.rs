@@ -8,7 +8,9 @@
 //! Lock order, never reversed: request state -> the request's prompt slot -> the request's
 //! own trie -> one namespace lock (a draft reads its own trie, then the history; `extend`
 //! writes one trie at a time). Budget reservations, which may evict history, happen before a
-//! trie lock is taken; nothing holding a namespace lock takes another lock.
+//! trie lock is taken; nothing holding a namespace lock takes another lock. The name map of
+//! namespaces comes before any history lock (and dropping a namespace only tries that lock,
+//! never waits for it under the map lock); the eviction ring's mutex is held alone.
 
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -510,7 +512,13 @@ impl Shared {
         if !mine || ns.users.load(Ordering::Acquire) != 0 {
             return 0;
         }
-        let mut h = write(&ns.history);
+        // Never wait for the history under the map lock (every lookup waits on that one): a
+        // namespace being saved or compacted right now is simply not dropped this time.
+        let mut h = match ns.history.try_write() {
+            Ok(h) => h,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return 0,
+        };
         let nodes = h.nodes();
         if nodes > max_nodes {
             return 0;
@@ -561,10 +569,14 @@ impl Shared {
                     }
                     continue;
                 }
-                let whole = self.try_drop(&ns, want - freed);
-                if whole > 0 {
-                    freed += whole - 1;
-                    continue;
+                // Only a namespace small enough to go whole is tried (its history write lock
+                // is not waited for under the map lock).
+                if nodes <= want - freed {
+                    let whole = self.try_drop(&ns, want - freed);
+                    if whole > 0 {
+                        freed += whole - 1;
+                        continue;
+                    }
                 }
                 freed += self.evict_in(&ns, want - freed);
                 self.requeue(ns);
@@ -655,10 +667,17 @@ impl Shared {
         let got = self.reserve((chunk.len() * depth + depth * depth) as u64, ns);
         let mut t = write(trie);
         t.allowance = got;
-        count_ngrams(&mut t, cur, before, chunk, depth);
+        // The unused reservation goes back even if counting panics (a bug, reported to the
+        // caller), so no panic can leak capacity.
+        let counted = catch_unwind(AssertUnwindSafe(|| {
+            count_ngrams(&mut t, cur, before, chunk, depth);
+        }));
         let unused = std::mem::take(&mut t.allowance);
         drop(t);
         self.budget.release(unused);
+        if let Err(e) = counted {
+            std::panic::resume_unwind(e);
+        }
         got - unused
     }
 
