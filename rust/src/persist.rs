@@ -26,7 +26,8 @@
 //! Writes are atomic and durable: a temporary file beside the target, fsynced, renamed over
 //! it, then the folder fsynced. Saving onto a symbolic link writes through it (the link's
 //! target is replaced, the link stays). Temporary files of saves killed mid-write are
-//! removed by the next save to the same path.
+//! removed by the next save to the same path once over an hour old (a younger one may be
+//! another host's or container's save in progress).
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -115,8 +116,13 @@ fn temp_beside(path: &Path) -> Result<PathBuf> {
     Ok(path.with_file_name(name))
 }
 
+/// A temporary file younger than this is never removed as stale: its pid may belong to
+/// another PID namespace or host (a container, a shared folder), where /proc cannot see it.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Removes temporary files of earlier saves to `path` whose process is gone (killed
-/// mid-write). Only where /proc tells which processes live; elsewhere they stay.
+/// mid-write) and that are over an hour old. Only where /proc tells which processes live;
+/// elsewhere they stay.
 fn remove_stale_temps(path: &Path) {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return;
@@ -146,7 +152,13 @@ fn remove_stale_temps(path: &Path) {
             continue;
         };
         let ours = pid.parse::<u32>().is_ok() && n.parse::<u64>().is_ok();
-        if ours && !Path::new("/proc").join(pid).exists() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= STALE_AFTER);
+        if ours && old && !Path::new("/proc").join(pid).exists() {
             let _ = std::fs::remove_file(entry.path());
         }
     }
@@ -166,11 +178,13 @@ pub fn save(cache: &Cache, path: &Path) -> Result<()> {
     }
     written?;
     // The rename is durable once the folder is on disk too.
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io("sync the folder of", &path, &e))?;
-    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("sync (the file is replaced) the folder of", &path, &e))?;
     Ok(())
 }
 
@@ -684,12 +698,22 @@ mod tests {
         let dead = dir.join(format!("h.bin.{}.0{TMP_SUFFIX}", u32::MAX - 7));
         let live = dir.join(format!("h.bin.{}.99{TMP_SUFFIX}", std::process::id()));
         let other = dir.join(format!("g.bin.{}.0{TMP_SUFFIX}", u32::MAX - 7));
-        for f in [&dead, &live, &other] {
+        let young = dir.join(format!("h.bin.{}.1{TMP_SUFFIX}", u32::MAX - 7));
+        for f in [&dead, &live, &other, &young] {
             std::fs::write(f, b"partial").unwrap();
+        }
+        let hours_ago = std::time::SystemTime::now() - 2 * STALE_AFTER;
+        for f in [&dead, &live, &other] {
+            File::options()
+                .write(true)
+                .open(f)
+                .unwrap()
+                .set_modified(hours_ago)
+                .unwrap();
         }
         let c = load(&path, Some(false), None).unwrap();
         save(&c, &path).unwrap();
-        assert!(!dead.exists() && live.exists() && other.exists());
+        assert!(!dead.exists() && live.exists() && other.exists() && young.exists());
         let nodes = |p: &Path| load(p, Some(false), None).unwrap().stats().history_nodes;
         assert_eq!(nodes(&path), c.stats().history_nodes);
         assert!(good.len() > 100);
