@@ -175,7 +175,8 @@ class LookaheadCache:
 
         Token ids: a list or tuple of ints, a 1-D numpy array of any integer dtype, or a 1-D
         integer torch tensor; ids must lie in `[0, 2**32)` (bools, floats, other shapes and
-        out-of-range ids raise `InvalidInput`).
+        out-of-range ids raise `InvalidInput`). More than 262,144 ids are counted in parts,
+        with Ctrl-C checked in between: a KeyboardInterrupt leaves the parts before it counted.
         """
         self._c.extend(rid, new_token_ids)
 

@@ -491,8 +491,8 @@ impl Shared {
             if ns.dropped.load(Ordering::Acquire) {
                 continue;
             }
-            let empty = read(&ns.history).nodes() == 0;
-            if !(empty && self.try_drop(&ns, 0) > 0 || ns.dropped.load(Ordering::Acquire)) {
+            let dropped = read(&ns.history).nodes() == 0 && self.try_drop(&ns, 0) > 0;
+            if !dropped && !ns.dropped.load(Ordering::Acquire) {
                 self.requeue(ns);
             }
         }
@@ -578,8 +578,11 @@ impl Shared {
                         continue;
                     }
                 }
-                freed += self.evict_in(&ns, want - freed);
+                // Back in the ring even if the sweep panics (a bug): a namespace out of the
+                // ring could never be evicted or dropped again.
+                let swept = catch_unwind(AssertUnwindSafe(|| self.evict_in(&ns, want - freed)));
                 self.requeue(ns);
+                freed += swept.unwrap_or_else(|e| std::panic::resume_unwind(e));
             }
             if freed < want && !forced {
                 if let Some(x) = requester {
