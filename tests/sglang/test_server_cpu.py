@@ -125,7 +125,11 @@ def test_concurrent_requests_equal_no_speculation(lookahead, reference, concurre
         outs = list(pool.map(lambda p: lookahead.generate(p, max_new_tokens=64), prompts))
     for p, out in zip(prompts, outs):
         assert out["output_ids"] == reference(p, max_new_tokens=64)["output_ids"], p
-    assert sum(accepted(o["meta_info"]) for o in outs) > 0
+    if concurrency < 9:
+        # At 9+ decoding at once the fixture's 16 verify rows leave each request its root
+        # alone (no drafts), and 16 clients may well all decode together: acceptance is only
+        # ensured below that (4 clients: 4 rows each, 3 drafted tokens).
+        assert sum(accepted(o["meta_info"]) for o in outs) > 0
     if concurrency == 16:  # from 3 requests on the CPU steps verify fewer nodes
         widths = lookahead.stats_lines()[-1]["verify_widths"]
         assert any(int(w) < WIDTH for w in widths), widths
