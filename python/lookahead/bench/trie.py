@@ -233,23 +233,31 @@ for i in range(requests):
     if i % 1000 == 0:
         worst = max(worst, c.stats()["bytes"])
 s = c.stats()
-print(json.dumps({"rss": rss() - r0, "worst_bytes": worst, "stats": s,
-                  "us": (ns[requests // 2:] / 1e3).tolist()}))
+rss_growth = rss() - r0
+c.check_invariants()
+print(json.dumps({"rss": rss_growth, "worst_bytes": worst, "stats": s, "us": (ns / 1e3).tolist()}))
 """
 
 
-def bench_tenants(requests: int, capacity: int, names=(1, 1_000, 20_000)) -> list[dict]:
-    """Requests spread over `names` namespaces, each count in a fresh child process."""
+def run_tenants(names: int, requests: int, capacity: int, timeout: float = 1800) -> dict:
+    """One many-tenants loop (request i in namespace `t-{i % names}`) in a fresh child
+    process: its RSS growth, the largest `stats()["bytes"]` seen, the final stats, and µs
+    per request for every request (the cache's invariants are checked after the loop)."""
     import subprocess
 
+    out = subprocess.run(
+        [sys.executable, "-c", TENANTS_CHILD, str(names), str(requests), str(capacity)],
+        capture_output=True, text=True, check=True, timeout=timeout,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_tenants(requests: int, capacity: int, names=(1, 1_000, 20_000)) -> list[dict]:
+    """`run_tenants` for each count of namespaces; µs over the loop's second half."""
     rows = []
     for n in names:
-        out = subprocess.run(
-            [sys.executable, "-c", TENANTS_CHILD, str(n), str(requests), str(capacity)],
-            capture_output=True, text=True, check=True, timeout=1800,
-        )  # fmt: skip
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        us = np.asarray(r["us"])
+        r = run_tenants(n, requests, capacity)
+        us = np.asarray(r["us"][requests // 2 :])
         st = r["stats"]
         rows.append({"what": "tenants", "path": "api", "size": n, "requests": requests,
                      "capacity_nodes": capacity, "rss_mb": r["rss"] / 2**20,
