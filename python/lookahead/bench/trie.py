@@ -13,7 +13,9 @@ Measures, on this machine:
 - bytes per stored node and per indexed prompt token;
 - many tenants: requests spread over 1 / 1k / 20k namespaces at a fixed capacity, each run in
   a fresh child process: RSS growth, `stats()["bytes"]` per capacity node, µs per request
-  (start + extend + draft + finish; mean and p99, the p99 being where eviction runs);
+  (start + extend + draft + finish; mean and p99, the p99 being where eviction runs), and
+  what one compaction of a shrunk history costs (`_core._time_compaction`: one pass under
+  that namespace's write lock);
 - with `--peers`, next to the peers' rows: our cost per decoding step through the Python API
   (`extend` + `draft`, and the fused `step`) at 1k / 8k / 32k-token contexts, beside vLLM's
   n-gram scan over the same contexts (`lookahead.bench.peers.hostcost`).
@@ -252,6 +254,17 @@ def run_tenants(names: int, requests: int, capacity: int, timeout: float = 1800)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def bench_compaction(tokens: int, depth: int = 12, reps: int = 3) -> dict:
+    """One history of `tokens` random ids evicted to half its slots, then compacted: ms
+    (median of `reps`) and ns per slot."""
+    text = np.random.default_rng(0).integers(0, 32_000, size=tokens).astype(np.uint32)
+    runs = [_core._time_compaction(text, depth) for _ in range(reps)]
+    ns = sorted(r[0] for r in runs)[len(runs) // 2]
+    slots, live = runs[0][1], runs[0][2]
+    return {"what": "compaction", "path": "core", "size": slots, "live": live,
+            "ms": ns / 1e6, "ns_per_slot": ns / slots}  # fmt: skip
+
+
 def bench_tenants(requests: int, capacity: int, names=(1, 1_000, 20_000)) -> list[dict]:
     """`run_tenants` for each count of namespaces; µs over the loop's second half."""
     rows = []
@@ -295,6 +308,9 @@ def print_rows(rows: list[dict]) -> None:
                   f"{r['bytes_per_capacity_node']:.1f} B per capacity node, "
                   f"{r['namespaces_held']} held, {r['evicted_nodes']} evicted; per request "
                   f"mean {r['mean']:.1f} p50 {r['p50']:.1f} p99 {r['p99']:.1f} us")  # fmt: skip
+        elif r["what"] == "compaction":
+            print(f"compaction of a history of {r['size']} slots ({r['live']} live): "
+                  f"{r['ms']:.1f} ms, {r['ns_per_slot']:.1f} ns/slot")  # fmt: skip
         elif r["what"].startswith("ratio"):
             print(f"{r['what']:<21} {r['path']:<24} median {r['median']:.2f}x over {r['rounds']} "
                   f"rounds (min {r['min']:.2f}x, max {r['max']:.2f}x)")  # fmt: skip
@@ -342,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, default)
     if args.tenants_only:
         rows = bench_tenants(4_000 if args.quick else 40_000, 100_000)
+        rows.append(bench_compaction(50_000 if args.quick else 400_000))
         print_rows(rows)
         out = header(command_line("lookahead bench trie", argv))
         out.update({"bench": "trie", "rows": rows})
@@ -364,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     rows += bench_draft(cache, rids, [8, 16, 32], args.iters)
     rows.append(bench_concurrent(cache, rids, stream, args.iters, 8_000 if args.quick else 32_000))
     rows += bench_tenants(4_000 if args.quick else 40_000, 100_000)
+    rows.append(bench_compaction(50_000 if args.quick else 400_000))
     if args.peers:
         rows += peer_rows(texts, stream, args)
     print_rows(rows)

@@ -402,6 +402,33 @@ pub fn _time_index(
     })
 }
 
+/// Benchmark helper: counts every window of `tokens` at `max_depth` into a history trie
+/// (suffix links as a history keeps them), evicts until its free slots reach its live nodes
+/// (what triggers a compaction in the cache), then times `Trie::compact`. Returns
+/// (nanoseconds, slots before, live nodes).
+#[pyfunction]
+pub fn _time_compaction(
+    py: Python<'_>,
+    tokens: PyReadonlyArray1<'_, u32>,
+    max_depth: usize,
+) -> PyResult<(u64, u64, u64)> {
+    let text = tokens.as_array().to_vec();
+    run(py, || {
+        let mut t = Trie::new();
+        t.allowance = u64::MAX;
+        t.add_windows(&text, max_depth, 0..text.len());
+        t.allowance = 0;
+        t.compute_links();
+        while t.free_slots() < t.nodes() {
+            t.sweep(1 << 20, u64::MAX);
+        }
+        let (slots, live) = (u64::from(t.arena.slots()), t.nodes());
+        let t0 = Instant::now();
+        t.compact();
+        Ok((t0.elapsed().as_nanos() as u64, slots, live))
+    })
+}
+
 /// Panics inside the core (for the test that a panic becomes an exception).
 #[pyfunction]
 pub fn _panic_for_test(py: Python<'_>) -> PyResult<()> {

@@ -16,6 +16,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::_raise_error, m)?)?;
     m.add_function(wrap_pyfunction!(cache::_panic_for_test, m)?)?;
     m.add_function(wrap_pyfunction!(cache::_time_index, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::_time_compaction, m)?)?;
     m.add("MAX_BUDGET", crate::cache::MAX_BUDGET)?;
     m.add("MAX_DEPTH", crate::cache::MAX_DEPTH)?;
     m.add("MAX_IDS_PER_CALL", args::MAX_IDS_PER_CALL)?;
