@@ -7,12 +7,25 @@ import pytest
 import torch
 
 
+def pytest_configure(config):
+    """Cost curves measured for tiny test models go to a folder of this run, not the user's
+    cache (`$LOOKAHEAD_COST_DIR`, unless the caller set it)."""
+    import tempfile
+
+    if "LOOKAHEAD_COST_DIR" not in os.environ:
+        os.environ["LOOKAHEAD_COST_DIR"] = tempfile.mkdtemp(prefix="lookahead-costs-")
+
+
 @pytest.fixture
 def verify_every_draft(monkeypatch):
-    """Turn off the CPU cost gate (`min_draft_score`) so every draft takes the tree path."""
+    """Default generators verify every node drafted (up to `AUTO_MAX_NODES`), whatever this
+    machine's measured costs and however the drafts score (scripted ones score 0)."""
     import lookahead.engine
+    from lookahead.costs import CostModel
 
-    monkeypatch.setattr(lookahead.engine, "DEFAULT_MIN_DRAFT_SCORE", {})
+    flat = CostModel.from_rows({1: 1.0, 64: 1.0})
+    monkeypatch.setattr(lookahead.engine, "load_or_measure", lambda model: flat)
+    monkeypatch.setattr(lookahead.engine, "choose_nodes", lambda e, costs, host_s=0.0: len(e))
 
 
 @pytest.fixture(scope="module")

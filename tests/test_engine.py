@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from lookahead import LookaheadCache
+from lookahead.costs import CostModel
 from lookahead.engine import GenerationResult, LookaheadGenerator, generate
 from lookahead.kv import KVCacheError
 from tiny_models import (
@@ -496,21 +497,26 @@ def test_low_score_drafts_are_dropped_and_output_unchanged():
         LookaheadGenerator(model, min_draft_score=float("nan"))
 
 
-def test_cpu_default_cost_gate(monkeypatch):
-    monkeypatch.undo()  # the shipped defaults, not verify_every_draft's
-    # On CPU a draft must be likely enough to pay for its rows; elsewhere every draft runs.
-    assert LookaheadGenerator(tiny_model("llama")).min_draft_score == 0.85
-    assert LookaheadGenerator(tiny_model("llama").to("meta")).min_draft_score == 0.0
-    assert LookaheadGenerator(tiny_model("llama"), min_draft_score=0.2).min_draft_score == 0.2
+def test_defaults_size_drafts_by_cost_and_overrides_fix_them():
+    from lookahead.engine import AUTO_MAX_NODES, FIXED_BUDGET
 
-
-def test_default_budget_follows_the_device():
-    # 8 nodes on CPU, where extra rows cost; 16 on a GPU, where up to 32 rows cost one row.
     model = tiny_model("llama")
-    assert LookaheadGenerator(model).budget == 8
-    assert LookaheadGenerator(model, budget=3).budget == 3
-    meta = tiny_model("llama").to("meta")  # a device that is neither: the CPU default
-    assert LookaheadGenerator(meta).budget == 8
+    gen = LookaheadGenerator(model)
+    assert gen.cost_aware and gen.budget == gen.max_budget == AUTO_MAX_NODES
+    assert gen.min_draft_score == 0.0
+    # Any of the three knobs: the fixed policy, the others at their fixed defaults.
+    g = LookaheadGenerator(model, min_draft_score=0.2)
+    assert not g.cost_aware and g.cost_model is None
+    assert (g.budget, g.max_budget, g.min_draft_score) == (FIXED_BUDGET, FIXED_BUDGET, 0.2)
+    g = LookaheadGenerator(model, budget=3)
+    assert not g.cost_aware and (g.budget, g.max_budget) == (3, 3)
+    assert LookaheadGenerator(model, cost_model=None).budget == FIXED_BUDGET
+    # With a cost model too, the budget caps what the choice may take.
+    flat = CostModel.from_rows({1: 1.0, 64: 1.0})
+    g = LookaheadGenerator(model, budget=5, cost_model=flat)
+    assert g.cost_aware and g.cost_model is flat and g.budget == g.max_budget == 5
+    with pytest.raises(ValueError, match="cost_model"):
+        LookaheadGenerator(model, cost_model="fast")
 
 
 class _BudgetSpy:
@@ -531,7 +537,6 @@ def test_budget_grows_after_a_deep_acceptance():
     from lookahead.engine import DEEP_ACCEPT
 
     model = tiny_model("llama")
-    assert LookaheadGenerator(model).max_budget == 16  # CPU default: 8, 16 after 4+ accepted
     assert LookaheadGenerator(model, budget=3).max_budget == 3  # an explicit budget is fixed
     assert LookaheadGenerator(model, budget=3, max_budget=12).max_budget == 12
     assert LookaheadGenerator(model, max_budget=2).max_budget == 8  # never below the budget
@@ -540,7 +545,7 @@ def test_budget_grows_after_a_deep_acceptance():
     ids = repetitive_prompt(random.Random(5), VOCAB)
     ref = hf_generate(model, ids, 48)
     spy = _BudgetSpy(LookaheadCache())
-    gen = LookaheadGenerator(model, cache=spy, min_draft_score=0.0)
+    gen = LookaheadGenerator(model, cache=spy, budget=8, max_budget=16)
     # The second run drafts its own earlier output from the shared history: deep acceptances.
     assert gen.generate(ids, max_new_tokens=48, eos_token_id=None).ids == ref
     spy.budgets.clear()

@@ -1,4 +1,4 @@
-"""The `lookahead` command: `demo`, `generate` and `bench`."""
+"""The `lookahead` command: `demo`, `generate`, `calibrate` and `bench`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     _say(f"lookahead: {category.__name__}: {message}")
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
@@ -37,24 +37,27 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "(AVX512-BF16/AMX), else float32 (emulated bf16 costs ~linearly in the rows a draft "
         "tree adds)",
     )
+    p.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     p.add_argument(
-        "--device",
-        default="cpu",
-        help="torch device: cpu (default) or cuda (the defaults below follow it)",
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
     )
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    _add_load_args(p)
     p.add_argument(
         "--budget",
         type=int,
         default=None,
-        help="draft nodes per step (default 8 on CPU, 16 on GPU; a value given here is used "
-        "on every step unless --max-budget is also given)",
+        help="draft nodes per step, fixed (default: as many of the drafter's best nodes as pay "
+        "for their rows on this machine's measured verify cost, up to 32)",
     )
     p.add_argument(
         "--max-budget",
         type=int,
         default=None,
-        help="draft nodes per step after a step accepted 4+ tokens (default 16 on CPU when "
-        "--budget is not given, else --budget)",
+        help="with --budget or --min-draft-score: draft nodes per step after a step accepted "
+        "4+ tokens (default --budget)",
     )
     p.add_argument(
         "--depth", type=int, default=12, help="longest n-gram stored in the trie, 2-64 (default 12)"
@@ -65,10 +68,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="verify a draft only if its expected accepted tokens (sum of path scores) reach "
-        "this (default: 0.85 on CPU, where any extra row costs ~1.85x a one-row forward; 0 on GPU)",
-    )
-    p.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+        "this; sets the fixed policy (--budget default 8) (default: drafts sized by cost)",
     )
 
 
@@ -145,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure what a verify forward of 1-33 rows costs here (kept per model, dtype, "
+        "device, CPU and threads; drafts are sized by it) and print the curve",
+    )
+    _add_load_args(cal)
+
     sub.add_parser("bench", help="benchmarks: lookahead bench {trie,accept,e2e,traces,plot} ...")
     return parser
 
@@ -199,11 +206,30 @@ def _generate(args) -> int:
         f"{s.steps} steps, {s.tokens_per_step:.2f} tokens/step, {s.mean_accepted:.2f} accepted "
         f"draft tokens/step; prefill {s.prefill_s:.2f}s, draft {s.draft_s:.3f}s, mask "
         f"{s.mask_s:.3f}s, forward {s.forward_s:.2f}s, verify {s.verify_s:.3f}s, KV fix-up "
-        f"{s.kv_s:.3f}s (host {100 * s.host_overhead:.1f}% of forward); {args.dtype}, budget "
-        f"{gen.budget}"
-        + (f" ({gen.max_budget} after deep acceptance)" if gen.max_budget > gen.budget else "")
+        f"{s.kv_s:.3f}s (host {100 * s.host_overhead:.1f}% of forward); {args.dtype}, "
+        + (
+            f"{sum(s.draft_nodes) / max(s.steps, 1):.1f} nodes/step sized by cost (<= {gen.budget})"
+            if gen.cost_aware
+            else f"budget {gen.budget}"
+            + (f" ({gen.max_budget} after deep acceptance)" if gen.max_budget > gen.budget else "")
+        )
         + f"; finish: {res.finish_reason}]"
     )
+    return 0
+
+
+def _calibrate(args) -> int:
+    from lookahead.costs import CONTEXTS, load_or_measure
+    from lookahead.models import load_model, resolve_dtype
+
+    args.dtype = resolve_dtype(args.dtype, args.device)
+    model, _tok = load_model(args.model, args.dtype, device=args.device)
+    costs = load_or_measure(model, refresh=True)
+    print(
+        f"verify cost by rows ({args.dtype}, {costs.key['device']}, {costs.key['threads']} threads)"
+    )
+    for ctx in (*CONTEXTS, 4 * CONTEXTS[-1]):
+        print(costs.describe(ctx))
     return 0
 
 
@@ -211,6 +237,10 @@ def _check_args(args) -> str | None:
     """What is wrong with the arguments (checked before the model loads), or None."""
     from lookahead._core import MAX_DEPTH
 
+    if args.threads is not None and args.threads < 1:
+        return "--threads must be >= 1"
+    if args.command == "calibrate":
+        return None
     if args.max_new_tokens < 1:
         return "--max-new-tokens must be >= 1"
     from lookahead.bench.harness import budget_problem
@@ -222,8 +252,6 @@ def _check_args(args) -> str | None:
         return f"--depth must be in [2, {MAX_DEPTH}], got {args.depth}"
     if args.min_draft_score is not None and not 0 <= args.min_draft_score < float("inf"):
         return f"--min-draft-score must be a finite number >= 0, got {args.min_draft_score}"
-    if args.threads is not None and args.threads < 1:
-        return "--threads must be >= 1"
     if args.command == "demo" and args.count < 1:
         return "--count must be >= 1"
     if args.command == "generate" and not args.prompt:
@@ -316,6 +344,8 @@ def main(argv: list | None = None) -> int:
                 from lookahead import demo
 
                 rc = demo.main(args)
+            elif args.command == "calibrate":
+                rc = _calibrate(args)
             else:
                 rc = _generate(args)
             sys.stdout.flush()  # a reader gone by now fails here, not in the flush at exit

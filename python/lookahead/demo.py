@@ -454,8 +454,8 @@ def main(args) -> int:
             "device": getattr(args, "device", "cpu"),
             "dtype": args.dtype,
             "max_new_tokens": args.max_new_tokens,
-            "budget": args.budget,  # None: the engine's default for the dtype
-            "max_budget": args.max_budget,  # None: the engine's default
+            "budget": args.budget,  # None: drafts sized by the measured verify cost
+            "max_budget": args.max_budget,  # None: as budget
             "threads": torch.get_num_threads(),
             "depth": args.depth,
             "multi_branch": not args.single_branch,

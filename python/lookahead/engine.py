@@ -22,38 +22,26 @@ import torch
 
 from lookahead import kernels
 from lookahead.cache import _is_bool, _is_int
+from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes, load_or_measure
 from lookahead.errors import InvalidInput
 from lookahead.kv import check_cache_layers, check_model_supports_kv, keep_path, new_cache
 from lookahead.sampling import SamplingConfig, node_scores
 
-# Draft budget (nodes besides the root) by device. Verifying W rows costs more than one row by
-# how the CPU's matrix kernels scale with rows: on the project's 2-core AVX2 machine an fp32
-# forward over 16 rows costs ~2.2x one row, while bf16 (no native bf16 dot products, so
-# emulated) grows almost linearly past one row (F.linear 576x1536: 1 row 0.33 ms, 8 rows
-# 3.2 ms, 16 rows 6.5 ms, 1 thread): 8 keeps the tree small. On a GPU at batch 1 a forward
-# over up to 32 rows costs what one row costs (H200, SmolLM2-135M and 8B Llama shapes,
-# BENCHMARKS.md §5.2), and 16 nodes accept 7% more tokens per forward than 8 (§5.3).
-# Tune with `budget=`.
-DEFAULT_BUDGET = {"cpu": 8, "cuda": 16}
-# After a step that accepted at least `DEEP_ACCEPT` draft tokens the next draft may use up to
-# `max_budget` nodes: a request that is copying gets the wider tree while it lasts, the others
-# keep the cheap one. On CPU 16 after >= 4 beats a fixed 8 and a fixed 16 in every Spec-Bench
-# category (BENCHMARKS.md §4: `benchmarks/cpu_policy.py` replays the traces under the measured
-# forward costs: +3% overall over a fixed 8, +4% on translation's 10 prompts and +8% on its
-# 20; `lookahead bench e2e` measured 1.12x over PLD on those 20, from 1.00x at a fixed 8).
-# On a GPU the default budget is already 16: no growth by default.
-DEFAULT_MAX_BUDGET = {"cpu": 16}
+# The widest draft the cost-aware choice considers (nodes besides the root); the measured
+# curve reaches one row further, and its widest row bounds the choice too.
+AUTO_MAX_NODES = 32
+# The fixed policy's budget when `max_budget` or `min_draft_score` is given without `budget`.
+FIXED_BUDGET = 8
+# Fixed policy: after a step that accepted at least `DEEP_ACCEPT` draft tokens the next draft
+# may use up to `max_budget` nodes (a request that is copying gets the wider tree while it
+# lasts). The cost-aware choice needs no such rule: a copying request's drafts score high.
 DEEP_ACCEPT = 4
 # Uniforms drawn at a time for sampling (a fixed size: the stream depends on the seed only).
 UNIFORM_CHUNK = 256
 DEFAULT_DEPTH = 12
-# A draft is verified only if its expected accepted length (the sum of its nodes' path scores,
-# which track the measured mean accepted length closely: 0.47 accepted at sums 0.3-0.6, 1.11 at
-# 0.85-1.2 on the default model) pays for the extra rows. On CPU a forward over 2-9 rows costs
-# ~1.85x a one-row forward (MKL's one-row GEMV path; measured on the AVX2 project machine,
-# fp32, 700-token context: 1 row 131 ms, 2 rows 229 ms, 9 rows 246 ms), so a draft needs > 0.85
-# expected tokens. On a GPU at batch 1 extra rows are nearly free: no threshold.
-DEFAULT_MIN_DRAFT_SCORE = {"cpu": 0.85}
+# The host's time per step (draft, tree inputs, verify, KV fix-up) is followed as a moving
+# average with this weight on the newest step: it adds to every choice's forward time.
+HOST_EMA = 0.1
 
 TokenCallback = Callable[[list, str], None]
 
@@ -273,10 +261,20 @@ class LookaheadGenerator:
     """Lookahead decoding for one HF causal LM, with a `LookaheadCache` shared across calls.
 
     Outputs of earlier requests stay in the cache's shared history, so later requests can draft
-    from them. `budget` is the number of draft nodes per step (default by device:
-    `DEFAULT_BUDGET`); after a step that accepted `DEEP_ACCEPT` or more tokens the next one
-    drafts up to `max_budget` nodes (default by device, `DEFAULT_MAX_BUDGET`, when `budget` is
-    not given; else `budget`: an explicit budget is a fixed width). `depth` is the longest
+    from them. By default each step verifies the prefix of the drafter's best-first tree (up
+    to `AUTO_MAX_NODES` nodes) that maximises expected tokens per second on this machine: the
+    forward's cost by rows comes from `cost_model` ("auto": measured once per model, dtype,
+    device, CPU and threads, and kept on disk, `lookahead.costs.load_or_measure`; or a
+    `CostModel`), each node's chance of acceptance from its path score through a calibration
+    learnt from this generator's own verify results (`calibration[do_sample]`).
+
+    `budget`, `max_budget` and `min_draft_score` are overrides. Given any of them without a
+    `cost_model`, the draft size is fixed: `budget` nodes per step (`FIXED_BUDGET` if only the
+    others are given), up to `max_budget` after a step that accepted `DEEP_ACCEPT` or more
+    tokens (default: `budget`), and a draft whose path scores sum below `min_draft_score`
+    (default 0) is dropped for the root alone. With a `cost_model` too, `max_budget` (else
+    `budget`) caps the nodes the cost-aware choice may take, and `min_draft_score` still
+    applies. `cost_model=None` is the fixed policy with its defaults. `depth` is the longest
     stored n-gram (used when `cache` is None).
     """
 
@@ -291,6 +289,7 @@ class LookaheadGenerator:
         depth: int = DEFAULT_DEPTH,
         multi_branch: bool = True,
         min_draft_score: float | None = None,
+        cost_model=_UNSET,
     ):
         check_model_supports_kv(model)
         # The prefill needs only its last position's logits: ask for them alone where the
@@ -303,8 +302,19 @@ class LookaheadGenerator:
                 f"attention implementation {attn!r} is not supported: load the model with "
                 "attn_implementation='sdpa' (default) or 'eager' (they take a custom 4-D mask)"
             )
+        overrides = budget is not None or max_budget is not None or min_draft_score is not None
+        if cost_model is _UNSET:
+            cost_model = None if overrides else "auto"
+        if not (cost_model is None or cost_model == "auto" or isinstance(cost_model, CostModel)):
+            raise ValueError(
+                f"cost_model must be 'auto', a lookahead.costs.CostModel or None, got {cost_model!r}"
+            )
         if budget is not None:
             budget = _check_budget("budget", budget)
+        if max_budget is not None:
+            # Checked here: the core would refuse a bad one only at the first deep acceptance,
+            # after tokens went out.
+            max_budget = _check_budget("max_budget", max_budget)
         self.model = model
         self.tokenizer = tokenizer
         if cache is None:
@@ -313,16 +323,19 @@ class LookaheadGenerator:
             cache = LookaheadCache(max_depth=depth)
         self.cache = cache
         dtype = next(model.parameters()).dtype
-        device = next(model.parameters()).device
-        self.budget = DEFAULT_BUDGET.get(device.type, 8) if budget is None else budget
-        if max_budget is None:
-            max_budget = DEFAULT_MAX_BUDGET.get(device.type, 0) if budget is None else 0
-        # Checked here: the core would refuse a bad one only at the first deep acceptance,
-        # after tokens went out.
-        self.max_budget = max(_check_budget("max_budget", max_budget), self.budget)
+        self.cost_aware = cost_model is not None
+        if self.cost_aware:
+            cap = max_budget if max_budget is not None else budget
+            self.budget = self.max_budget = AUTO_MAX_NODES if cap is None else cap
+        else:
+            self.budget = FIXED_BUDGET if budget is None else budget
+            self.max_budget = max(self.budget, max_budget or 0)
+        self._cost_model = cost_model
+        self.calibration = {False: AcceptanceCalibration(), True: AcceptanceCalibration()}
+        self._host_s = 0.0
         self.multi_branch = _check_bool("multi_branch", multi_branch)
         if min_draft_score is None:
-            min_draft_score = DEFAULT_MIN_DRAFT_SCORE.get(device.type, 0.0)
+            min_draft_score = 0.0
         if (
             isinstance(min_draft_score, bool)
             or not isinstance(min_draft_score, (int, float, np.integer, np.floating))
@@ -338,6 +351,14 @@ class LookaheadGenerator:
         # Token ids the model embeds: prompts are checked against it, drafts pruned to it.
         self._vocab = model.get_input_embeddings().weight.shape[0]
         self._context = context_length(model, tokenizer)
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        """The forward's cost by rows the drafts are sized by (None: the fixed policy); an
+        "auto" one is loaded or measured here, on first use."""
+        if self._cost_model == "auto":
+            self._cost_model = load_or_measure(self.model)
+        return self._cost_model
 
     # -- input handling -------------------------------------------------------------------
     def encode(self, prompt, chat: bool = False) -> list:
@@ -521,6 +542,7 @@ class LookaheadGenerator:
             raise ValueError(f"on_tokens must be callable or None, got {on_tokens!r}")
         skip_special_tokens = _check_bool("skip_special_tokens", skip_special_tokens)
         # A budget given here is a fixed width for this call.
+        fixed_call = budget is not None
         if budget is None:
             budget, max_budget = self.budget, self.max_budget
         else:
@@ -528,6 +550,8 @@ class LookaheadGenerator:
         cfg = self._sampling(do_sample, temperature, top_k, top_p, repetition_penalty)
         ids = self.encode(prompt, chat=chat)
         self._check_context(len(ids), max_new_tokens)
+        # Measured (on first use) once the request is known good, before the clock starts.
+        costs = None if fixed_call else self.cost_model
         stops = self._eos_ids(eos_token_id)
         stop_ids = _as_id_set(stop_token_ids, "stop_token_ids")
         mb = (
@@ -555,6 +579,7 @@ class LookaheadGenerator:
                 text,
                 on_tokens,
                 (budget, max_budget),
+                costs,
                 mb,
                 stats,
             )
@@ -567,7 +592,20 @@ class LookaheadGenerator:
 
     @torch.inference_mode()
     def _run(
-        self, rid, ids, max_new, cfg, seed, eos, stop_ids, text, on_tokens, budgets, mb, stats
+        self,
+        rid,
+        ids,
+        max_new,
+        cfg,
+        seed,
+        eos,
+        stop_ids,
+        text,
+        on_tokens,
+        budgets,
+        costs,
+        mb,
+        stats,
     ):
         model, dev = self.model, self._device
         vocab = self._vocab
@@ -607,10 +645,11 @@ class LookaheadGenerator:
         reason = "length"
         root = ids[-1]
         root_parents = np.array([-1], dtype=np.int32)
+        calibration = self.calibration[cfg.do_sample]
         while True:
             t1 = perf()
             deep = bool(stats.accepted) and stats.accepted[-1] >= DEEP_ACCEPT
-            b = budget if deep else base_budget
+            b = budget if deep or costs is not None else base_budget
             # Draft tokens wanted at most: those still to come, less the bonus token.
             room = max_new - len(out) - 1
             if b > 0 and room > 0:
@@ -622,6 +661,18 @@ class LookaheadGenerator:
                     # Nodes deeper than `room` would be verified for nothing.
                     d_tokens, d_parents, d_scores = _prune(
                         d_tokens, d_parents, d_scores, vocab, room
+                    )
+                if costs is not None and len(d_tokens) > 1:
+                    # Best-first order: every prefix is a tree, and the likeliest one.
+                    last = stats.accepted[-1] if stats.accepted else 0
+                    e = calibration.expected(d_scores[1:], d_parents[1:], last)
+                    k = choose_nodes(e, costs.curve(seq_len), self._host_s)
+                    if k == 0:
+                        stats.skipped_drafts += 1
+                    d_tokens, d_parents, d_scores = (
+                        d_tokens[: k + 1],
+                        d_parents[: k + 1],
+                        d_scores[: k + 1],
                     )
                 if len(d_tokens) > 1 and float(d_scores[1:].sum()) < self.min_draft_score:
                     # Too unlikely to pay for the extra rows: verify the root alone.
@@ -674,6 +725,11 @@ class LookaheadGenerator:
             n_acc = int(res.num_accepted[0])
             path = res.accepted_nodes[0, : n_acc + 1].tolist()
             emitted = tokens[0, path[1:]].tolist() + [int(res.bonus[0])]
+            if costs is not None and n > 1:  # what each offered node's score was worth
+                took = np.zeros(n - 1)
+                took[np.asarray(path[1:], dtype=np.int64) - 1] = 1.0
+                last = stats.accepted[-1] if stats.accepted else 0
+                calibration.observe(d_scores[1:n], took, last)
             t5 = perf()
             keep_path(kv, seq_len, path, n)
             t6 = perf()
@@ -685,6 +741,8 @@ class LookaheadGenerator:
             stats.forward_s += t4 - t3
             stats.verify_s += t5 - t4
             stats.kv_s += t6 - t5
+            host = (t3 - t1) + (t6 - t4)
+            self._host_s += HOST_EMA * (host - self._host_s)
 
             start = len(out)
             out.extend(emitted)
@@ -725,10 +783,10 @@ class LookaheadGenerator:
 def generate(model, prompt, tokenizer=None, **kwargs) -> GenerationResult:
     """One-shot lookahead generation (a fresh `LookaheadGenerator`; see its `generate`).
 
-    Generator options (`cache`, `depth`, `budget`, `max_budget`, `min_draft_score`) are
-    taken from `kwargs` too.
+    Generator options (`cache`, `depth`, `budget`, `max_budget`, `min_draft_score`,
+    `cost_model`) are taken from `kwargs` too.
     """
     # `budget` too: given to `generate` it would be a fixed width, ignoring `max_budget`.
-    opts = ("cache", "depth", "budget", "max_budget", "min_draft_score")
+    opts = ("cache", "depth", "budget", "max_budget", "min_draft_score", "cost_model")
     gen_kw = {k: kwargs.pop(k) for k in opts if k in kwargs}
     return LookaheadGenerator(model, tokenizer, **gen_kw).generate(prompt, **kwargs)

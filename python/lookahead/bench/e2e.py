@@ -1,12 +1,15 @@
 """End to end: `lookahead bench e2e` (CPU by default; `--device cuda` on a GPU).
 
-The default model (`--dtype auto`: fp32 on CPUs without native bf16, else bf16), batch 1, greedy, on a fixed Spec-Bench sample of every
-category: plain `generate`, HF prompt lookup decoding (`generate(prompt_lookup_num_tokens=10)`)
-and lookahead (`lookahead.engine.LookaheadGenerator`, one cache kept across the prompts, as a
-server keeps it; `--fresh-cache` uses `lookahead.engine.generate`, a new cache per prompt).
-The three run interleaved per prompt, in an order rotated from prompt to prompt, so machine
-drift hits all alike. Reports tokens/s and speed-up over plain decoding per category, and
-whether each method's tokens equal plain greedy decoding's.
+The default model (`--dtype auto`: fp32 on CPUs without native bf16, else bf16), batch 1,
+greedy, on a fixed Spec-Bench sample of every category: plain `generate`, HF prompt lookup
+decoding (`generate(prompt_lookup_num_tokens=10)`), lookahead as shipped
+(`lookahead.engine.LookaheadGenerator`: drafts sized by the measured cost of rows, one cache
+kept across the prompts, as a server keeps it; `--fresh-cache`: a new cache per prompt) and
+lookahead with each fixed draft policy of `--fixed` (budget/max_budget/min_draft_score, each
+with its own cache). All run interleaved per prompt, in an order rotated from prompt to
+prompt, so machine drift hits all alike. Reports tokens/s and speed-up over plain decoding
+per category, each lookahead's ratio to prompt lookup, tokens per forward and how many
+nodes its steps verified, and whether each method's tokens equal plain greedy decoding's.
 """
 
 from __future__ import annotations
@@ -28,7 +31,28 @@ from lookahead.bench.plot import plot_e2e
 from lookahead.bench.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions
 from lookahead.models import DTYPES
 
-METHODS = ("plain", "pld", "lookahead")
+# Lookahead's defaults before drafts were sized by measured costs (CPU: 8 nodes, 16 after a
+# step accepted 4+, verify only drafts whose scores sum to 0.85): the reference to beat.
+FIXED_DEFAULT = "8/16/0.85"
+
+
+def fixed_policies(text: str) -> list:
+    """`B/M/S,...` as [(budget, max_budget, min_draft_score)]; ValueError if malformed."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        parts = item.split("/")
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            b, m, sc = int(parts[0]), int(parts[1]), float(parts[2])
+        except ValueError:
+            raise ValueError(
+                f"--fixed wants budget/max_budget/min_draft_score items, got {item!r}"
+            ) from None
+        if b < 1 or m < b or not 0 <= sc < float("inf"):
+            raise ValueError(f"--fixed {item!r}: need 1 <= budget <= max_budget and score >= 0")
+        out.append((b, m, sc))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--pld-tokens", type=positive_int, default=10, help="HF prompt lookup's draft length"
     )
+    p.add_argument(
+        "--fixed",
+        default=FIXED_DEFAULT,
+        help="fixed draft policies run beside, budget/max_budget/min_draft_score, comma-"
+        f"separated ('' for none; default {FIXED_DEFAULT}, the defaults before cost-aware drafts)",
+    )
     p.add_argument("--fresh-cache", action="store_true", help="a new lookahead cache per prompt")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the tables as a PNG")
@@ -74,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(problem)
     if args.threads < 0:
         p.error(f"--threads must be >= 0, got {args.threads}")
+    try:
+        fixed = fixed_policies(args.fixed)
+    except ValueError as err:
+        p.error(str(err))
 
     import torch
     from tqdm import tqdm
@@ -95,8 +129,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"lookahead bench e2e: {err}") from None
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
     eos = tok.eos_token_id
-    budgets = dict(budget=args.budget, max_budget=args.max_budget)
-    gen = None if args.fresh_cache else LookaheadGenerator(model, tok, **budgets)
+    given = {k: v for k, v in (("budget", args.budget), ("max_budget", args.max_budget)) if v}
+    policies = {"lookahead": given}
+    for b, m, sc in fixed:
+        policies[f"fixed {b}/{m}/{sc:g}"] = dict(budget=b, max_budget=m, min_draft_score=sc)
+    methods = ["plain", "pld", *policies]
+    gens = {
+        name: (None if args.fresh_cache else LookaheadGenerator(model, tok, **kw))
+        for name, kw in policies.items()
+    }
+    shipped = gens["lookahead"] or LookaheadGenerator(model, tok, **given)
+    costs = shipped.cost_model  # measured (or read) before anything is timed
+    if costs is not None:
+        print(f"verify cost on this machine, {costs.describe(700)}", file=sys.stderr)
 
     def prompt_ids(q):
         ids = tok.apply_chat_template(
@@ -122,21 +167,26 @@ def main(argv: list[str] | None = None) -> int:
                 out = model.generate(x, prompt_lookup_num_tokens=args.pld_tokens, **kw)
                 out = out[0, len(ids) :].tolist()
             else:
+                gen = gens[method]
                 if gen is not None:
                     res = gen.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False)
                 else:
+                    kw = policies[method]
+                    if method == "lookahead" and costs is not None:
+                        kw = dict(kw, cost_model=costs)  # measured once, not per prompt
                     res = lookahead_generate(
                         model,
                         ids,
                         tok,
                         max_new_tokens=args.max_new_tokens,
                         do_sample=False,
-                        **budgets,
+                        **kw,
                     )
                 st = res.stats
                 steps = {
                     "forwards": st.steps + 1,  # + the prefill
                     "accepted": sum(st.accepted),
+                    "draft_nodes": list(st.draft_nodes),  # verified per step
                     **{
                         k: getattr(st, k)
                         for k in ("draft_s", "mask_s", "forward_s", "verify_s", "kv_s")
@@ -147,11 +197,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # Warm-up (kernels, allocator); not timed, not in the lookahead cache's history.
     warm = prompt_ids({"turns": ["Say hello."]})
-    for m in METHODS:
-        if m != "lookahead" or gen is None:
+    for m in methods:
+        if m in ("plain", "pld"):
             run(m, warm)
         else:
-            lookahead_generate(model, warm, tok, max_new_tokens=4, do_sample=False)
+            kw = dict(policies[m], cost_model=costs) if m == "lookahead" else policies[m]
+            lookahead_generate(model, warm, tok, max_new_tokens=4, do_sample=False, **kw)
 
     per = defaultdict(
         lambda: defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "prompts": 0, "same_as_plain": 0})
@@ -160,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, q in enumerate(tqdm(questions, desc="e2e", unit="prompt")):
         cat = q["category"] if q["category"] in CATEGORIES else "mt_bench"
         ids = prompt_ids(q)
-        order = METHODS[i % 3 :] + METHODS[: i % 3]
+        r = i % len(methods)
+        order = methods[r:] + methods[:r]
         outs = {}
         for m in order:
             out, secs, steps = run(m, ids)
@@ -177,26 +229,30 @@ def main(argv: list[str] | None = None) -> int:
                     **(steps or {}),  # lookahead only: forwards (prefill included), time split
                 }
             )
-        for m in METHODS:
+        for m in methods:
+            rec = next(r for r in reversed(records) if r["method"] == m)
             for key in (cat, "overall"):
                 s = per[m][key]
                 s["tokens"] += len(outs[m])
-                s["seconds"] += next(r["seconds"] for r in reversed(records) if r["method"] == m)
+                s["seconds"] += rec["seconds"]
                 s["prompts"] += 1
                 s["same_as_plain"] += int(outs[m] == outs["plain"])
-        forwards = next(r["forwards"] for r in reversed(records) if r["method"] == "lookahead")
-        for key in (cat, "overall"):
-            per["lookahead"][key].setdefault("forwards", 0)
-            per["lookahead"][key]["forwards"] += forwards
+                if "forwards" in rec:
+                    s["forwards"] = s.get("forwards", 0) + rec["forwards"]
+                    hist = s.setdefault("nodes_per_step", {})
+                    for k in rec["draft_nodes"]:
+                        hist[k] = hist.get(k, 0) + 1
 
     cols = [*[c for c in CATEGORIES if c in cats], "overall"]
-    summary = {m: {} for m in METHODS}
-    for m in METHODS:
+    summary = {m: {} for m in methods}
+    for m in methods:
         for c in cols:
-            s = per[m][c]
+            s = dict(per[m][c])
             s["tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] else float("nan")
-            summary[m][c] = dict(s)
-    for m in METHODS:
+            if "nodes_per_step" in s:
+                s["nodes_per_step"] = dict(sorted(s["nodes_per_step"].items()))
+            summary[m][c] = s
+    for m in methods:
         for c in cols:
             summary[m][c]["speedup"] = (
                 summary[m][c]["tokens_per_s"] / summary["plain"][c]["tokens_per_s"]
@@ -205,32 +261,44 @@ def main(argv: list[str] | None = None) -> int:
         f"\ne2e ({args.dtype}, batch 1, greedy, {args.per_category}/category, "
         f"<= {args.max_new_tokens} new tokens): tokens/s (speed-up over plain)"
     )
-    print(f"{'method':<12}" + "".join(f"{c[:14]:>18}" for c in cols))
-    for m in METHODS:
+    width = max(12, *(len(m) + 2 for m in methods))
+    print(f"{'method':<{width}}" + "".join(f"{c[:14]:>18}" for c in cols))
+    for m in methods:
         print(
-            f"{m:<12}"
+            f"{m:<{width}}"
             + "".join(
                 f"{summary[m][c]['tokens_per_s']:>10.2f} ({summary[m][c]['speedup']:.2f}x)"
                 for c in cols
             )
         )
-    print(
-        f"{'LA / PLD':<12}"
-        + "".join(
-            f"{summary['lookahead'][c]['tokens_per_s'] / summary['pld'][c]['tokens_per_s']:>17.2f}x"
-            for c in cols
+    la_methods = methods[2:]
+    for m in la_methods:
+        print(
+            f"{m + ' / PLD':<{width}}"
+            + "".join(
+                f"{summary[m][c]['tokens_per_s'] / summary['pld'][c]['tokens_per_s']:>17.2f}x"
+                for c in cols
+            )
         )
-    )
-    la = summary["lookahead"]
-    print(
-        f"{'LA tok/fwd':<12}"  # prefill counted as a forward
-        + "".join(f"{la[c]['tokens'] / max(la[c].get('forwards', 0), 1):>18.2f}" for c in cols)
-    )
+    for m in la_methods:
+        print(
+            f"{m + ' tok/fwd':<{width}}"  # prefill counted as a forward
+            + "".join(
+                f"{summary[m][c]['tokens'] / max(summary[m][c].get('forwards', 0), 1):>18.2f}"
+                for c in cols
+            )
+        )
+    print("nodes verified per step (share of steps):")
+    for m in la_methods:
+        hist = summary[m]["overall"]["nodes_per_step"]
+        n = sum(hist.values()) or 1
+        shown = ", ".join(f"{k}: {100 * v / n:.0f}%" for k, v in hist.items() if v / n >= 0.01)
+        print(f"  {m}: {shown}")
     print(
         "outputs equal to plain greedy: "
         + ", ".join(
             f"{m} {summary[m]['overall']['same_as_plain']}/{summary[m]['overall']['prompts']}"
-            for m in METHODS[1:]
+            for m in methods[1:]
         )
     )
     if args.plot:
@@ -238,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         res = header(command_line("lookahead bench e2e", argv))
         res.update({"config": vars(args), "summary": summary, "records": records})
+        if costs is not None:
+            res["cost_model"] = costs.to_json()
         write_json(args.json, res)
     return 0
 

@@ -1,0 +1,426 @@
+"""What a verify forward costs on this machine, and how many draft nodes pay for it.
+
+A forward over W new rows costs more than one row by how the device's matrix kernels scale
+with rows, and that differs by an order of magnitude between machines: on a CPU with native
+bf16 a 8-row forward costs 1.16x one row, on an AVX2-only CPU in fp32 about 1.85x, on a GPU at
+batch 1 the same as one row. So the engine measures it (`measure_costs`: the model's real
+forward over a KV cache of random tokens, a handful of widths at two context lengths, the
+real dtype, device and thread count), keeps the curve on disk per model, dtype, device, CPU
+and threads (`load_or_measure`, `lookahead calibrate` redoes it), and each step drafts the
+prefix of the drafter's best-first tree that maximises expected tokens per second
+(`choose_nodes`), with the expected acceptance of each node learnt online from the engine's
+own verify results (`AcceptanceCalibration`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# Rows per forward the curve is measured at (root + nodes): dense where CPU curves bend (a
+# one-row forward takes a GEMV path, a few rows a GEMM one), sparse where they grow linearly.
+WIDTHS = (1, 2, 3, 4, 6, 8, 12, 17, 24, 33)
+# Context lengths the curve is measured at; costs at other lengths are linear in the length
+# (attention over the cache grows with it), clamped below at the shorter one's.
+CONTEXTS = (128, 1024)
+REPEATS = 2  # timed forwards per (width, context), after one warm-up round; their median counts
+# Bump when the measurement or the file changes meaning: older files are re-measured.
+COST_FORMAT = 1
+
+
+def cost_dir() -> Path:
+    """Where measured curves are kept: `$LOOKAHEAD_COST_DIR`, else `<cache>/costs`."""
+    env = os.environ.get("LOOKAHEAD_COST_DIR")
+    if env:
+        return Path(env).expanduser()
+    from lookahead.models import cache_dir
+
+    return cache_dir() / "costs"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Forward seconds by rows (`widths`) at each of `contexts` cached tokens (`seconds[c][w]`),
+    and what it was measured on (`key`; empty for a synthetic curve)."""
+
+    widths: tuple
+    contexts: tuple
+    seconds: tuple
+    key: dict = field(default_factory=dict)
+    _curves: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        w, c = list(self.widths), list(self.contexts)
+        s = np.asarray(self.seconds, dtype=np.float64)
+        if not w or w[0] != 1 or any(b <= a for a, b in zip(w, w[1:])):
+            raise ValueError(f"widths must rise from 1, got {self.widths}")
+        if not c or any(b <= a for a, b in zip(c, c[1:])) or c[0] < 0:
+            raise ValueError(f"contexts must rise from >= 0, got {self.contexts}")
+        if s.shape != (len(c), len(w)) or not np.all(np.isfinite(s)) or np.any(s <= 0):
+            raise ValueError(
+                f"seconds must be {len(c)} x {len(w)} positive numbers, got {self.seconds!r}"
+            )
+
+    @classmethod
+    def from_rows(cls, rows_seconds: dict, key: dict | None = None) -> CostModel:
+        """A curve that ignores the context: `{rows: seconds}` (rows 1 needed)."""
+        widths = tuple(sorted(int(r) for r in rows_seconds))
+        return cls(widths, (0,), (tuple(float(rows_seconds[r]) for r in widths),), key or {})
+
+    def curve(self, context_len: int) -> np.ndarray:
+        """Seconds of a forward of r rows over `context_len` cached tokens, at index r
+        (index 0 unused), for r up to the widest measured; linear between widths."""
+        bucket = max(int(context_len), 0) // 16 * 16  # curves differ little within 16 tokens
+        got = self._curves.get(bucket)
+        if got is not None:
+            return got
+        s = np.asarray(self.seconds, dtype=np.float64)
+        if len(self.contexts) == 1:
+            at = s[0]
+        else:
+            c0, c1 = self.contexts[0], self.contexts[-1]
+            t = (max(bucket, c0) - c0) / (c1 - c0)  # extrapolated past the longest
+            at = np.maximum(s[0] + t * (s[-1] - s[0]), s[0])
+        rows = np.arange(self.widths[-1] + 1)
+        out = np.interp(rows, self.widths, at)
+        out[0] = math.nan
+        if len(self._curves) < 4096:
+            self._curves[bucket] = out
+        return out
+
+    def relative(self, context_len: int) -> list:
+        """(rows, cost over one row) at the measured widths, for printing."""
+        c = self.curve(context_len)
+        return [(w, float(c[w] / c[1])) for w in self.widths]
+
+    def describe(self, context_len: int = 700) -> str:
+        """One line: the one-row time and the measured widths' ratios to it."""
+        c = self.curve(context_len)
+        ratios = " ".join(f"W={w} {r:.2f}x" for w, r in self.relative(context_len)[1:])
+        return f"{context_len} cached tokens: W=1 {1e3 * c[1]:.1f} ms  {ratios}"
+
+    def to_json(self) -> dict:
+        """The curve as plain JSON (milliseconds), with its key."""
+        return {
+            "format": COST_FORMAT,
+            "key": self.key,
+            "widths": list(self.widths),
+            "contexts": list(self.contexts),
+            "ms": [[round(1e3 * x, 4) for x in row] for row in self.seconds],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> CostModel:
+        """The inverse of `to_json`; ValueError on a malformed object."""
+        try:
+            if d["format"] != COST_FORMAT:
+                raise ValueError(f"cost file format {d['format']!r}, expected {COST_FORMAT}")
+            secs = tuple(tuple(float(x) / 1e3 for x in row) for row in d["ms"])
+            return cls(
+                tuple(int(w) for w in d["widths"]),
+                tuple(int(c) for c in d["contexts"]),
+                secs,
+                dict(d["key"]),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed cost file: {e!r}") from None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cost_key(model) -> dict:
+    """What a measured curve depends on: the model's weights' shape (its config), dtype,
+    device, CPU (name, vector features, threads), attention implementation and torch."""
+    import torch
+
+    from lookahead.models import cpu_features
+
+    p = next(model.parameters())
+    cfg = model.config
+    cfg_json = cfg.to_json_string(use_diff=False) if hasattr(cfg, "to_json_string") else repr(cfg)
+    device = p.device.type
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.get_device_name(p.device)}"
+    return {
+        "model": str(getattr(cfg, "_name_or_path", "") or type(model).__name__),
+        "config": hashlib.sha256(cfg_json.encode()).hexdigest()[:16],
+        "dtype": str(p.dtype).removeprefix("torch."),
+        "device": device,
+        "cpu": _cpu_name(),
+        "cpu_features": cpu_features(),
+        "threads": torch.get_num_threads(),
+        "attention": str(getattr(cfg, "_attn_implementation", None)),
+        "torch": torch.__version__,
+    }
+
+
+def cost_path(key: dict) -> Path:
+    """The file a curve with this key lives in."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    base = Path(key.get("model", "")).name
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in base)
+    return cost_dir() / f"{name[-40:].lstrip('.') or 'model'}-{digest}.json"
+
+
+def _stderr_line(message: str) -> None:
+    if sys.stderr is not None:
+        print(message, file=sys.stderr, flush=True)
+
+
+def measure_costs(
+    model,
+    *,
+    widths: Sequence[int] = WIDTHS,
+    contexts: Sequence[int] = CONTEXTS,
+    repeats: int = REPEATS,
+    seed: int = 0,
+) -> CostModel:
+    """Time `model`'s forward of each width of new rows over each context length of cached
+    random tokens, as the engine calls it (explicit positions, a 4-D mask, its KV cache);
+    the median of `repeats` rounds after a warm-up one, rounds interleaved across widths so
+    drift hits all alike. Contexts are capped by the model's context length."""
+    import torch
+
+    from lookahead.kv import new_cache
+
+    widths = tuple(int(w) for w in widths)
+    ctx_max = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(ctx_max, int) and ctx_max > 0:  # positions past it would not exist
+        widths = tuple(w for w in widths if w <= max(ctx_max // 2, 1))
+        cap = max(ctx_max - widths[-1], 1)
+        ctxs = sorted({max(1, min(int(c), cap)) for c in contexts})
+    else:
+        ctxs = sorted({max(1, int(c)) for c in contexts})
+    p = next(model.parameters())
+    dev, dtype = p.device, p.dtype
+    vocab = model.get_input_embeddings().weight.shape[0]
+    eager = getattr(model.config, "_attn_implementation", None) == "eager"
+    gen = torch.Generator().manual_seed(seed)
+    cuda = dev.type == "cuda"
+    out = []
+    with torch.inference_mode():
+        kv = new_cache(model)
+        have = 0
+        for ctx in ctxs:
+            fill = torch.randint(0, vocab, (1, ctx - have), generator=gen).to(dev)
+            if ctx > have:
+                pos = torch.arange(have, ctx, device=dev)[None]
+                model(input_ids=fill, position_ids=pos, past_key_values=kv, use_cache=True)
+            have = ctx
+            times = {w: [] for w in widths}
+            for rnd in range(repeats + 1):
+                for w in widths:
+                    ids = torch.randint(0, vocab, (1, w), generator=gen).to(dev)
+                    pos = torch.arange(ctx, ctx + w, device=dev)[None]
+                    mask = torch.ones((1, 1, w, ctx + w), dtype=torch.bool, device=dev)
+                    mask[0, 0, :, ctx:] = torch.ones((w, w), dtype=torch.bool, device=dev).tril()
+                    if eager:
+                        mask = torch.zeros(mask.shape, dtype=dtype, device=dev).masked_fill_(
+                            ~mask, torch.finfo(dtype).min
+                        )
+                    if cuda:
+                        start = torch.cuda.Event(enable_timing=True)
+                        end = torch.cuda.Event(enable_timing=True)
+                        start.record()
+                    t0 = time.perf_counter()
+                    model(
+                        input_ids=ids,
+                        position_ids=pos,
+                        attention_mask=mask,
+                        past_key_values=kv,
+                        use_cache=True,
+                    )
+                    if cuda:
+                        end.record()
+                        end.synchronize()
+                        secs = start.elapsed_time(end) / 1e3
+                    else:
+                        secs = time.perf_counter() - t0
+                    kv.crop(-w)
+                    if rnd:
+                        times[w].append(secs)
+            out.append(tuple(float(np.median(times[w])) for w in widths))
+    return CostModel(widths, tuple(ctxs), tuple(out), cost_key(model))
+
+
+def load_or_measure(
+    model, *, refresh: bool = False, progress: Callable[[str], None] | None = _stderr_line
+) -> CostModel:
+    """The curve kept on disk for this model, dtype, device, CPU and thread count, else one
+    measured now (a few seconds, with a progress line) and kept for later runs. A file that
+    cannot be read or written costs a measurement, never the run."""
+    key = cost_key(model)
+    path = cost_path(key)
+    if not refresh:
+        try:
+            got = CostModel.from_json(json.loads(path.read_text()))
+            if got.key == key:
+                return got
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:  # corrupt, truncated, another format: measure again
+            if progress:
+                progress(f"lookahead: re-measuring the verify cost ({path} unusable: {e})")
+    if progress:
+        progress(
+            f"lookahead: measuring what a verify forward costs on this machine "
+            f"({key['dtype']}, {key['device']}, {key['threads']} threads; once per model)..."
+        )
+    t0 = time.perf_counter()
+    got = CostModel.from_json(measure_costs(model).to_json())  # as a later run will read it
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".cost-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(got.to_json(), f, indent=1)
+        os.replace(tmp, path)
+        where = f"kept in {path}"
+    except OSError as e:
+        where = f"not kept: {e}"
+    if progress:
+        progress(
+            f"lookahead: measured in {time.perf_counter() - t0:.1f} s ({where}); "
+            f"{got.describe(700)}"
+        )
+    return got
+
+
+# -- which nodes pay --------------------------------------------------------------------
+def choose_nodes(expected: np.ndarray, costs: np.ndarray, host_s: float = 0.0) -> int:
+    """How many of the draft's best-first nodes to verify: the k that maximises this step's
+    expected tokens per second, (1 + expected[k - 1]) / (costs[k + 1] + host_s), with k = 0
+    (the root alone, 1 / (costs[1] + host_s)) among the choices. `expected[k - 1]` is the
+    expected accepted length of the first k nodes (non-decreasing in k), `costs[r]` the
+    forward time of r rows (index 0 unused), `host_s` the step's time besides the forward.
+    Ties go to fewer nodes. (Maximising expected tokens less the run's rate times the time,
+    which is optimal for exact chances, did worse in replays: BENCHMARKS.md.)"""
+    k_max = min(len(expected), len(costs) - 2)
+    if k_max <= 0:
+        return 0
+    gain = 1.0 + np.concatenate(([0.0], np.asarray(expected[:k_max], dtype=np.float64)))
+    return int(np.argmax(gain / (costs[1 : k_max + 2] + host_s)))  # first max: fewest nodes
+
+
+# Path-score bands a node's chance of acceptance is learnt in: fine where scores crowd.
+BAND_EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95])
+# The nodes of one draft succeed or fail together, and the last step says which kind of
+# stretch the request is in: a request that just accepted 4+ tokens is copying, one that
+# accepted none is not. So each of these regimes (last step's accepted length: 0, 1, 2-3,
+# 4-7, 8+) has its own table.
+REGIME_EDGES = (1, 2, 4, 8)
+# The shipped prior: a node's path score is its chance of acceptance (on the default model,
+# greedy, the scores' sums track the accepted lengths: 0.47 accepted at sums 0.3-0.6, 1.11
+# at 0.85-1.2), worth this many nodes per band until the engine's own outweigh it.
+PRIOR_WEIGHT = 8.0
+# Evidence fades by this factor per verify step (half-life ~350 steps), so a calibration
+# follows the requests of the hour, not those of the morning.
+DECAY = 0.998
+
+
+class AcceptanceCalibration:
+    """A node's chance of acceptance from its path score and the request's last accepted
+    length, learnt from verify results: accepted over offered per score band and regime
+    (`REGIME_EDGES`), with a prior of `p = score` worth `PRIOR_WEIGHT` nodes, made
+    non-decreasing in the score (pool-adjacent-violators)."""
+
+    def __init__(self, prior_weight: float = PRIOR_WEIGHT, decay: float = DECAY):
+        self.edges = BAND_EDGES
+        upper = np.append(self.edges[1:], 1.0)
+        self.prior = (self.edges + upper) / 2
+        self.prior_weight = float(prior_weight)
+        self.decay = float(decay)
+        shape = (len(REGIME_EDGES) + 1, len(self.edges))
+        self.offered = np.zeros(shape)
+        self.accepted = np.zeros(shape)
+        self._tables: dict = {}
+
+    @staticmethod
+    def regime(last_accepted: int) -> int:
+        """The regime of a step after one that accepted `last_accepted` draft tokens."""
+        return int(np.searchsorted(REGIME_EDGES, last_accepted, "right"))
+
+    def bands(self, scores: np.ndarray) -> np.ndarray:
+        """The band index of each score."""
+        b = np.searchsorted(self.edges, np.asarray(scores, dtype=np.float64), "right") - 1
+        return b.clip(0, len(self.edges) - 1)
+
+    def observe(self, scores: np.ndarray, accepted: np.ndarray, last_accepted: int = 0) -> None:
+        """One verify step: the offered nodes' path scores, whether each was accepted, and
+        the accepted length of the step before."""
+        r = self.regime(last_accepted)
+        self.offered *= self.decay
+        self.accepted *= self.decay
+        b = self.bands(scores)
+        np.add.at(self.offered[r], b, 1.0)
+        np.add.at(self.accepted[r], b, np.asarray(accepted, dtype=np.float64))
+        self._tables.clear()
+
+    def table(self, last_accepted: int = 0) -> np.ndarray:
+        """Each band's chance of acceptance in a regime (non-decreasing in the band)."""
+        r = self.regime(last_accepted)
+        got = self._tables.get(r)
+        if got is None:
+            w = self.offered[r] + self.prior_weight
+            v = (self.accepted[r] + self.prior_weight * self.prior) / w
+            got = self._tables[r] = _isotonic(v, w)
+        return got
+
+    def predict(self, scores: np.ndarray, last_accepted: int = 0) -> np.ndarray:
+        """Chance of acceptance of nodes with these path scores."""
+        return self.table(last_accepted)[self.bands(scores)]
+
+    def expected(
+        self, scores: np.ndarray, parents: np.ndarray, last_accepted: int = 0
+    ) -> np.ndarray:
+        """Expected accepted length of each prefix of a best-first draft (root excluded:
+        node i's path score `scores[i]`, its parent `parents[i]`, 0 the root): `[k - 1]` for
+        its first k nodes. Each node's chance is capped by what its parent has left once
+        its earlier (better) siblings took theirs: one path is accepted, so siblings' chances
+        add up to at most their parent's."""
+        p = self.predict(scores, last_accepted).tolist()
+        left = [1.0] + [0.0] * len(p)  # chance each node still has to hand to its children
+        got = [0.0] * len(p)
+        for i, (pi, par) in enumerate(zip(p, np.asarray(parents).tolist())):
+            q = max(min(pi, left[par]), 0.0)
+            left[par] -= q
+            left[i + 1] = q
+            got[i] = q
+        return np.cumsum(got)
+
+
+def _isotonic(v: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest `v` in `w`-weighted squares (pool-adjacent-
+    violators)."""
+    vals, wts, sizes = [], [], []
+    for x, y in zip(v.tolist(), w.tolist()):
+        vals.append(x)
+        wts.append(y)
+        sizes.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            y2, y1 = wts.pop(), wts.pop()
+            x2, x1 = vals.pop(), vals.pop()
+            n = sizes.pop() + sizes.pop()
+            vals.append((x1 * y1 + x2 * y2) / (y1 + y2))
+            wts.append(y1 + y2)
+            sizes.append(n)
+    return np.repeat(vals, sizes)

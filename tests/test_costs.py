@@ -1,0 +1,284 @@
+"""Cost-aware drafting: the choice on synthetic curves, the online calibration, the measured
+curve and its file, and the engine's output under every choice."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from lookahead import costs
+from lookahead.costs import (
+    AcceptanceCalibration,
+    CostModel,
+    choose_nodes,
+    load_or_measure,
+    measure_costs,
+)
+from lookahead.engine import LookaheadGenerator
+from tiny_models import hf_generate, repetitive_prompt, tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def curve(f, rows=33):
+    """costs[r] = f(r) for r in 1..rows (index 0 unused, as `CostModel.curve` gives)."""
+    return np.array([np.nan] + [float(f(r)) for r in range(1, rows + 1)])
+
+
+# -- the choice -------------------------------------------------------------------------
+def test_flat_curve_takes_the_widest_tree():
+    p = np.linspace(0.6, 0.01, 32)
+    assert choose_nodes(np.cumsum(p), curve(lambda r: 1.0)) == 32
+
+
+def test_steep_curve_drafts_only_when_confident():
+    steep = curve(lambda r: 1 + 0.9 * (r - 1))  # every row costs almost a forward
+    assert choose_nodes(np.cumsum(np.full(8, 0.3)), steep) == 0
+    assert choose_nodes(np.cumsum(np.full(8, 0.99)), steep) == 8
+    # An AVX2-like step (one extra row ~1.85x, more rows nearly free): pays from E > 0.85.
+    step = curve(lambda r: 1.0 if r == 1 else 1.85 + 0.01 * r)
+    assert choose_nodes(np.cumsum(np.array([0.5, 0.2, 0.1])), step) == 0
+    assert choose_nodes(np.cumsum(np.array([0.7, 0.6, 0.5, 0.4])), step) == 4
+
+
+def test_curve_with_a_knee_stops_at_the_knee():
+    knee = curve(lambda r: 1.0 if r <= 8 else 1 + 0.5 * (r - 8))
+    assert choose_nodes(np.cumsum(np.full(32, 0.5)), knee) == 7  # 8 rows: the root and 7 nodes
+
+
+def test_non_monotone_curve_skips_a_costly_width():
+    # A measured fp32 CPU curve: 3 rows cost more than 4 (a GEMM path kicks in at 4).
+    bumpy = curve(lambda r: {1: 1.0, 2: 1.7, 3: 2.15}.get(r, 1.6 + 0.05 * r), rows=8)
+    k = choose_nodes(np.cumsum(np.array([0.9, 0.8, 0.7, 0.02, 0.02, 0.01, 0.01])), bumpy)
+    assert k == 3  # 4 rows beats 2 and 3 rows
+
+
+def test_host_time_makes_rows_relatively_cheaper():
+    c = curve(lambda r: 1 + 0.2 * (r - 1))
+    e = np.cumsum([0.15, 0.1])
+    assert choose_nodes(e, c) == 0
+    assert choose_nodes(e, c, host_s=5.0) == 2
+
+
+def test_choice_edges():
+    c = curve(lambda r: 1.0, rows=4)
+    assert choose_nodes(np.cumsum(np.zeros(5)), c) == 0  # ties go to fewer nodes
+    assert choose_nodes(np.cumsum(np.ones(10)), c) == 3  # no further than the curve's widest row
+    assert choose_nodes(np.cumsum(np.array([])), c) == 0
+
+
+# -- the calibration --------------------------------------------------------------------
+def test_calibration_starts_from_the_prior_and_is_monotone():
+    cal = AcceptanceCalibration()
+    s = np.array([0.01, 0.3, 0.55, 0.97])
+    assert np.allclose(cal.predict(s), [0.01, 0.35, 0.55, 0.975])
+    rng = np.random.default_rng(0)
+    for _ in range(500):  # reversed evidence: low scores accepted, high ones not
+        sc = rng.uniform(0, 1, 16)
+        cal.observe(sc, rng.uniform(0, 1, 16) < 1 - sc)
+    assert np.all(np.diff(cal.table()) >= 0)
+
+
+@pytest.mark.parametrize("truth", [lambda s: s**2, lambda s: np.minimum(1.0, 0.2 + s)])
+def test_calibration_converges_on_a_scripted_drafter(truth):
+    rng = np.random.default_rng(1)
+    cal = AcceptanceCalibration()
+    for _ in range(3000):
+        sc = rng.uniform(0, 1, 16) ** 2  # scores crowd low, as the drafter's do
+        cal.observe(sc, rng.uniform(0, 1, 16) < truth(sc))
+    mids = (cal.edges + np.append(cal.edges[1:], 1.0)) / 2
+    want = truth(mids)
+    # Bands are ranges: compare with the truth at their middles, loosely at the wide ones.
+    assert np.max(np.abs(cal.table() - want)) < 0.08
+
+
+def test_expected_length_respects_the_tree():
+    cal = AcceptanceCalibration()
+    # Three siblings of score 0.5 under the root: one path is accepted, so together they
+    # cannot be worth more than 1; a child cannot be likelier than its parent.
+    e = cal.expected(np.array([0.55, 0.55, 0.55, 0.97]), np.array([0, 0, 0, 1]))
+    assert np.allclose(e, [0.55, 1.0, 1.0, 1.55])
+    # Regimes: what follows a deep acceptance is learnt apart from what follows none.
+    for _ in range(300):
+        cal.observe(np.full(4, 0.25), np.ones(4), last_accepted=6)
+    assert cal.predict(np.array([0.25]), 6)[0] > 0.9
+    assert cal.predict(np.array([0.25]), 0)[0] == pytest.approx(0.25)
+
+
+def test_calibration_follows_a_change_of_workload():
+    rng = np.random.default_rng(2)
+    cal = AcceptanceCalibration()
+    for p_true in (0.9, 0.2):
+        for _ in range(2000):
+            sc = np.full(8, 0.55)
+            cal.observe(sc, rng.uniform(0, 1, 8) < p_true)
+        assert abs(float(cal.predict(np.array([0.55]))[0]) - p_true) < 0.05
+
+
+# -- the curve --------------------------------------------------------------------------
+def test_curve_interpolates_rows_and_context():
+    m = CostModel((1, 4, 8), (160, 1760), ((1.0, 2.0, 4.0), (2.0, 3.0, 6.0)))
+    c = m.curve(160)
+    assert np.isnan(c[0]) and np.allclose(c[1:], [1.0, 4 / 3, 5 / 3, 2.0, 2.5, 3.0, 3.5, 4.0])
+    assert np.allclose(m.curve(960)[[1, 4, 8]], [1.5, 2.5, 5.0])
+    assert np.allclose(m.curve(967)[[1, 4, 8]], [1.5, 2.5, 5.0])  # read per 16 tokens
+    assert np.allclose(m.curve(3360)[[1, 8]], [3.0, 8.0])  # linear past the longest
+    assert np.allclose(m.curve(0)[[1, 8]], [1.0, 4.0])  # never below the shortest's
+    assert m.relative(160) == [(1, 1.0), (4, 2.0), (8, 4.0)]
+    assert CostModel.from_json(json.loads(json.dumps(m.to_json()))) == m
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ((2, 4), (0,), ((1.0, 2.0),)),  # widths must start at one row
+        ((1, 1), (0,), ((1.0, 2.0),)),
+        ((1, 2), (5, 5), ((1.0, 2.0), (1.0, 2.0))),
+        ((1, 2), (0,), ((1.0,),)),
+        ((1, 2), (0,), ((1.0, -2.0),)),
+        ((1, 2), (0,), ((1.0, float("nan")),)),
+    ],
+)
+def test_bad_curves_are_refused(args):
+    with pytest.raises(ValueError):
+        CostModel(*args)
+
+
+def test_bad_cost_files_are_refused():
+    good = CostModel.from_rows({1: 1.0, 2: 2.0}).to_json()
+    with pytest.raises(ValueError, match="format"):
+        CostModel.from_json(dict(good, format=0))
+    with pytest.raises(ValueError, match="malformed"):
+        CostModel.from_json({"format": costs.COST_FORMAT})
+
+
+def test_measured_curve_on_a_tiny_model():
+    model = tiny_model("llama")
+    m = measure_costs(model, widths=(1, 2, 5), contexts=(8, 40), repeats=1)
+    assert m.widths == (1, 2, 5) and m.contexts == (8, 40)
+    assert np.all(np.asarray(m.seconds) > 0)
+    key = m.key
+    assert key["dtype"] == "float32" and key["device"] == "cpu" and key["threads"] == 1
+    # Contexts beyond the model's positions are capped (tiny models have few).
+    n = model.config.max_position_embeddings
+    m = measure_costs(model, widths=(1, 2), contexts=(n * 4,), repeats=1)
+    assert m.contexts == (n - 2,)
+
+
+def test_curve_is_measured_once_and_kept(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path / "costs"))
+    model = tiny_model("llama")
+    lines = []
+    first = load_or_measure(model, progress=lines.append)
+    assert "measuring" in lines[0] and "kept in" in lines[1]
+    (path,) = (tmp_path / "costs").iterdir()
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(costs, "measure_costs", no_measuring)
+    assert load_or_measure(model, progress=lines.append) == first
+    assert len(lines) == 2
+    # Another thread count is another machine state: measured anew.
+    monkeypatch.undo()
+    monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path / "costs"))
+    torch.set_num_threads(2)
+    try:
+        load_or_measure(model, progress=None)
+    finally:
+        torch.set_num_threads(1)
+    assert len(list((tmp_path / "costs").iterdir())) == 2
+    # A damaged file costs a measurement, said in one line, never the run.
+    path.write_text('{"format": 1, "widths": [')
+    lines.clear()
+    load_or_measure(model, progress=lines.append)
+    assert "re-measuring" in lines[0] and str(path) in lines[0]
+    assert CostModel.from_json(json.loads(path.read_text())).key == first.key
+
+
+def test_unwritable_cost_folder_still_gives_a_curve(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(blocker / "costs"))
+    lines = []
+    m = load_or_measure(tiny_model("llama"), progress=lines.append)
+    assert m.widths == costs.WIDTHS and "not kept" in lines[-1]
+
+
+def test_refresh_measures_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path))
+    model = tiny_model("llama")
+    load_or_measure(model, progress=None)
+    calls = []
+    real = costs.measure_costs
+    monkeypatch.setattr(costs, "measure_costs", lambda m: calls.append(1) or real(m))
+    load_or_measure(model, refresh=True, progress=None)
+    assert calls == [1]
+
+
+# -- the engine -------------------------------------------------------------------------
+VOCAB = 128
+
+
+@pytest.mark.parametrize(
+    "name, rows",
+    [
+        ("flat", {1: 1.0, 64: 1.0}),
+        ("steep", {1: 1.0, 64: 64.0}),
+        ("knee", {1: 1.0, 4: 1.0, 64: 30.0}),
+    ],
+)
+def test_greedy_output_is_plain_decoding_under_every_curve(name, rows):
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model, cost_model=CostModel.from_rows(rows))
+    rng = random.Random(11)
+    nodes = []
+    for _ in range(6):
+        ids = repetitive_prompt(rng, VOCAB)
+        ref = hf_generate(model, ids, 40)
+        res = gen.generate(ids, max_new_tokens=40, eos_token_id=None)
+        assert res.ids == ref, name
+        nodes += res.stats.draft_nodes
+    if name == "flat":
+        assert max(nodes) > 8 and sum(n > 0 for n in nodes) > len(nodes) // 2
+        assert gen.calibration[False].offered.sum() > 0
+    elif name == "steep":  # no draft pays on a curve where every row costs a forward
+        assert set(nodes) == {0}
+    else:
+        assert max(nodes) <= 3  # past 4 rows the curve climbs
+
+
+def test_calibration_learns_from_verify_results():
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model, cost_model=CostModel.from_rows({1: 1.0, 64: 1.0}))
+    rng = random.Random(3)
+    for _ in range(4):
+        ids = repetitive_prompt(rng, VOCAB)
+        gen.generate(ids, max_new_tokens=32, eos_token_id=None)
+    cal = gen.calibration[False]
+    # Every offered node counted once, and at most as many accepted.
+    assert 0 < cal.accepted.sum() <= cal.offered.sum()
+    assert gen.calibration[True].offered.sum() == 0  # greedy steps teach the greedy table
+
+
+def test_budget_caps_the_cost_aware_choice():
+    model = tiny_model("llama")
+    flat = CostModel.from_rows({1: 1.0, 64: 1.0})
+    gen = LookaheadGenerator(model, budget=3, cost_model=flat)
+    ids = repetitive_prompt(random.Random(4), VOCAB)
+    res = gen.generate(ids, max_new_tokens=32, eos_token_id=None)
+    assert res.ids == hf_generate(model, ids, 32) and max(res.stats.draft_nodes) <= 3
+
+
+def test_default_generator_measures_on_first_use(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path))
+    model = tiny_model("llama")
+    gen = LookaheadGenerator(model)
+    assert gen.cost_aware and not any(tmp_path.iterdir())  # nothing measured yet
+    ids = repetitive_prompt(random.Random(6), VOCAB)
+    res = gen.generate(ids, max_new_tokens=24, eos_token_id=None)
+    assert res.ids == hf_generate(model, ids, 24)
+    assert isinstance(gen.cost_model, CostModel) and len(list(tmp_path.iterdir())) == 1
