@@ -32,7 +32,7 @@ from lookahead.bench.traces import (
     read_traces,
     select_questions,
 )
-from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes
+from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes, greedy_outcomes
 from lookahead.engine import AUTO_MAX_NODES, DEEP_ACCEPT
 
 # Forward ms by rows of the default model at ~700 cached tokens, recorded on machines of
@@ -58,7 +58,10 @@ FIXED = [(8, 16, 0.85), (4, 8, 0.5), (8, 16, 0.3), (16, 16, 0.3), (16, 32, 0.5)]
 
 def replay_ours(traces, curve_at, policy):
     """Per category: [emitted tokens, model seconds, steps] of `policy` over the traces:
-    ("fixed", budget, max_budget, gate) or ("cost", widest)."""
+    ("fixed", budget, max_budget, gate) or ("cost", widest). The cost-aware one learns as
+    the engine does in greedy decoding: from every node of the draft whose outcome the
+    verify of its prefix decides (`greedy_outcomes`), in the regime of the previous step's
+    would-be accepted length."""
     cache = LookaheadCache(background_indexing=False)
     cal = AcceptanceCalibration()
     out = defaultdict(lambda: [0, 0.0, 0])
@@ -79,18 +82,22 @@ def replay_ours(traces, curve_at, policy):
                 d = cache.draft(rid, budget=policy[1])
                 e = cal.expected(d.scores[1:], d.parents[1:], last)
                 k = choose_nodes(e, curve_at(ctx)) if d.num_nodes > 1 else 0
-            a = 0
+            a, path = 0, [0]
             if k:
                 toks = d.tokens[1 : k + 1].tolist()
                 pars = (d.parents[1 : k + 1].astype(np.int64) - 1).tolist()
                 a = accepted_length(toks, pars, output[pos : pos + min(k, room)])
-                if policy[0] == "cost":
-                    took = _path_mask(pars, toks, output[pos : pos + a], k)
-                    cal.observe(d.scores[1 : k + 1], took, last)
+                path += [i + 1 for i in _path(pars, toks, output[pos : pos + a])]
             t += _rows(curve_at(ctx), k + 1)
+            if policy[0] == "cost" and d.num_nodes > 1:
+                emitted = output[pos : pos + a + 1].tolist()
+                took, known = greedy_outcomes(d.tokens, d.parents, path, emitted)
+                cal.observe(d.scores[1:][known], took[known], last_accepted=last)
+                last = int(took.sum())  # what the whole draft would have accepted
+            else:
+                last = a
             cache.extend(rid, output[pos : pos + a + 1])
             pos += a + 1
-            last = a
             steps += 1
         cache.finish_request(rid)
         acc = out[req["category"]]
@@ -106,14 +113,13 @@ def _rows(c, rows):
     return c[rows] if rows <= last else c[last] + (rows - last) * (c[last] - c[last - 1])
 
 
-def _path_mask(pars, toks, accepted, k):
-    """Which of the k nodes lie on the accepted path (the chain of `accepted` tokens)."""
-    took = np.zeros(k)
-    node = -1
+def _path(pars, toks, accepted):
+    """The node indices (0-based, root excluded) of the chain of `accepted` tokens."""
+    nodes, node = [], -1
     for tok in accepted.tolist():
-        node = next(i for i in range(k) if pars[i] == node and toks[i] == tok)
-        took[node] = 1.0
-    return took
+        node = next(i for i in range(len(toks)) if pars[i] == node and toks[i] == tok)
+        nodes.append(node)
+    return nodes
 
 
 def replay_pld(traces, curve_at, n=10):

@@ -285,3 +285,16 @@ def test_demo_explains_forks_and_fails_on_a_wrong_token(tmp_path, monkeypatch, c
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["pld_tokens"] is None and out["rows"][0]["verdict"] == "bug"
     assert out["rows"][0]["fork"]["position"] == 3
+
+
+def test_calibrate_measures_again_and_prints_the_curve(tmp_path, monkeypatch, capsys):
+    model, tok = tiny_model("llama"), tiny_tokenizer()
+    monkeypatch.setattr("lookahead.models.load_model", lambda *a, **k: (model, tok))
+    monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path))
+    for _ in range(2):  # a second run measures again (it is what calibrate is for)
+        assert cli.main(["calibrate", "--dtype", "float32"]) == 0
+        out, err = capsys.readouterr()
+        assert "measuring" in err and "verify cost by rows (float32, cpu" in out
+        assert "128 cached tokens: W=1" in out
+    assert len(list(tmp_path.iterdir())) == 1
+    assert cli.main(["calibrate", "--threads", "0"]) == 2

@@ -262,6 +262,10 @@ def test_calibration_learns_from_verify_results():
     # Every offered node counted once, and at most as many accepted.
     assert 0 < cal.accepted.sum() <= cal.offered.sum()
     assert gen.calibration[True].offered.sum() == 0  # greedy steps teach the greedy table
+    # Sampled steps teach their own table, from the nodes they verified.
+    for seed in range(3):
+        gen.generate(ids, max_new_tokens=32, eos_token_id=None, do_sample=True, seed=seed)
+    assert 0 < gen.calibration[True].accepted.sum() <= gen.calibration[True].offered.sum()
 
 
 def test_budget_caps_the_cost_aware_choice():
@@ -282,3 +286,21 @@ def test_default_generator_measures_on_first_use(monkeypatch, tmp_path):
     res = gen.generate(ids, max_new_tokens=24, eos_token_id=None)
     assert res.ids == hf_generate(model, ids, 24)
     assert isinstance(gen.cost_model, CostModel) and len(list(tmp_path.iterdir())) == 1
+
+
+def test_greedy_outcomes_reach_past_the_verified_prefix():
+    from lookahead.costs import greedy_outcomes
+
+    # root 0 -> 1 (a), 2 (b); 1 -> 3 (c), 4 (d); 3 -> 5 (e); 2 -> 6 (f); 4 -> 7 (g)
+    tokens = [9, 10, 11, 12, 13, 14, 15, 16]
+    parents = [-1, 0, 0, 1, 1, 3, 2, 4]
+    # Nodes 0-2 verified: node 1 accepted, the target's argmax after it is 13 (node 4).
+    took, known = greedy_outcomes(tokens, parents, path=[0, 1], emitted=[10, 13])
+    # 2 rejected (verified); 3 rejected (not the argmax after 1); 4 accepted though never
+    # verified; 5 below a rejected node; 6 below a rejected one; 7 below 4: unknown.
+    assert took.tolist() == [1, 0, 0, 1, 0, 0, 0]
+    assert known.tolist() == [True, True, True, True, True, True, False]
+    # The root alone verified: its children are decided by the bonus token.
+    took, known = greedy_outcomes(tokens, parents, path=[0], emitted=[11])
+    assert took.tolist() == [0, 1, 0, 0, 0, 0, 0]
+    assert known.tolist() == [True, True, True, True, True, False, True]

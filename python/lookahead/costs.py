@@ -325,9 +325,10 @@ def choose_nodes(expected: np.ndarray, costs: np.ndarray, host_s: float = 0.0) -
 BAND_EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95])
 # The nodes of one draft succeed or fail together, and the last step says which kind of
 # stretch the request is in: a request that just accepted 4+ tokens is copying, one that
-# accepted none is not. So each of these regimes (last step's accepted length: 0, 1, 2-3,
-# 4-7, 8+) has its own table.
-REGIME_EDGES = (1, 2, 4, 8)
+# accepted none is not. So each of these regimes (last step's accepted length: 0, 1-3, 4+)
+# has its own table. (In greedy decoding "accepted" is what the whole draft would have
+# accepted, which the verify of its prefix tells: not drafting must not look like failing.)
+REGIME_EDGES = (1, 4)
 # The shipped prior: a node's path score is its chance of acceptance (on the default model,
 # greedy, the scores' sums track the accepted lengths: 0.47 accepted at sums 0.3-0.6, 1.11
 # at 0.85-1.2), worth this many nodes per band until the engine's own outweigh it.
@@ -406,6 +407,31 @@ class AcceptanceCalibration:
             left[i + 1] = q
             got[i] = q
         return np.cumsum(got)
+
+
+def greedy_outcomes(tokens, parents, path, emitted) -> tuple:
+    """What greedy verification says of every node of a drafted tree, not only of those it
+    verified: `(accepted, known)` over nodes 1.. (root excluded). `path` is the accepted
+    nodes (root first) of the verified prefix, `emitted` the tokens that step emitted
+    (`emitted[i]` is the target's argmax after `path[i]`). A node whose parent was rejected
+    would have been rejected; one whose parent was accepted would have been accepted iff it
+    is the argmax there; only below an unverified node that would have been accepted is
+    nothing known. So the calibration sees the nodes it did not offer too, and learns the
+    worth of wider drafts without paying for them."""
+    nxt = {int(node): int(tok) for node, tok in zip(path, emitted)}
+    toks = np.asarray(tokens).tolist()
+    pars = np.asarray(parents).tolist()
+    # 2: accepted, the argmax after it known; 1: accepted, unknown after it; 0: rejected;
+    # -1: unknown.
+    state = [2] + [0] * (len(toks) - 1)
+    for j in range(1, len(toks)):
+        sp = state[pars[j]]
+        if sp == 2:
+            state[j] = (2 if j in nxt else 1) if toks[j] == nxt[pars[j]] else 0
+        else:
+            state[j] = 0 if sp == 0 else -1
+    st = np.asarray(state[1:])
+    return (st >= 1).astype(np.float64), st >= 0
 
 
 def _isotonic(v: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -22,7 +22,13 @@ import torch
 
 from lookahead import kernels
 from lookahead.cache import _is_bool, _is_int
-from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes, load_or_measure
+from lookahead.costs import (
+    AcceptanceCalibration,
+    CostModel,
+    choose_nodes,
+    greedy_outcomes,
+    load_or_measure,
+)
 from lookahead.errors import InvalidInput
 from lookahead.kv import check_cache_layers, check_model_supports_kv, keep_path, new_cache
 from lookahead.sampling import SamplingConfig, node_scores
@@ -646,9 +652,12 @@ class LookaheadGenerator:
         root = ids[-1]
         root_parents = np.array([-1], dtype=np.int32)
         calibration = self.calibration[cfg.do_sample]
+        last = 0  # draft tokens the previous step accepted
         while True:
             t1 = perf()
-            deep = bool(stats.accepted) and stats.accepted[-1] >= DEEP_ACCEPT
+            drafted = None  # the draft before the cost-aware cut, when there was one
+            would_accept = None
+            deep = last >= DEEP_ACCEPT
             b = budget if deep or costs is not None else base_budget
             # Draft tokens wanted at most: those still to come, less the bonus token.
             room = max_new - len(out) - 1
@@ -664,16 +673,12 @@ class LookaheadGenerator:
                     )
                 if costs is not None and len(d_tokens) > 1:
                     # Best-first order: every prefix is a tree, and the likeliest one.
-                    last = stats.accepted[-1] if stats.accepted else 0
+                    drafted = (d_tokens, d_parents, d_scores)
                     e = calibration.expected(d_scores[1:], d_parents[1:], last)
                     k = choose_nodes(e, costs.curve(seq_len), self._host_s)
                     if k == 0:
                         stats.skipped_drafts += 1
-                    d_tokens, d_parents, d_scores = (
-                        d_tokens[: k + 1],
-                        d_parents[: k + 1],
-                        d_scores[: k + 1],
-                    )
+                    d_tokens, d_parents, d_scores = (x[: k + 1] for x in drafted)
                 if len(d_tokens) > 1 and float(d_scores[1:].sum()) < self.min_draft_score:
                     # Too unlikely to pay for the extra rows: verify the root alone.
                     d_parents, d_tokens = d_parents[:1], d_tokens[:1]
@@ -725,16 +730,24 @@ class LookaheadGenerator:
             n_acc = int(res.num_accepted[0])
             path = res.accepted_nodes[0, : n_acc + 1].tolist()
             emitted = tokens[0, path[1:]].tolist() + [int(res.bonus[0])]
-            if costs is not None and n > 1:  # what each offered node's score was worth
-                took = np.zeros(n - 1)
-                took[np.asarray(path[1:], dtype=np.int64) - 1] = 1.0
-                last = stats.accepted[-1] if stats.accepted else 0
-                calibration.observe(d_scores[1:n], took, last)
+            if drafted is not None:  # what each drafted node's score was worth
+                if cfg.do_sample:  # an accepted path says nothing of nodes not verified
+                    took = np.zeros(n - 1)
+                    took[np.asarray(path[1:], dtype=np.int64) - 1] = 1.0
+                    calibration.observe(d_scores[1:n], took, last)
+                else:
+                    all_tokens, all_parents, all_scores = drafted
+                    took, known = greedy_outcomes(all_tokens, all_parents, path, emitted)
+                    calibration.observe(all_scores[1:][known], took[known], last)
+                    would_accept = int(took.sum())
             t5 = perf()
             keep_path(kv, seq_len, path, n)
             t6 = perf()
             stats.steps += 1
             stats.accepted.append(n_acc)
+            # The next step's regime: what this draft would have accepted, not drafting
+            # included (greedy), else what it did.
+            last = n_acc if would_accept is None else would_accept
             stats.draft_nodes.append(n - 1)
             stats.draft_s += t2 - t1
             stats.mask_s += t3 - t2
