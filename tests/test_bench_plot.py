@@ -52,6 +52,23 @@ def test_e2e_results_replot(tmp_path):
     res.write_text(json.dumps({"summary": summary, "records": []}))
     png = tmp_path / "e.png"
     assert plot.main([str(res), str(png)]) == 0 and _is_png(png)
+    # With the nodes each lookahead policy verified per step: a third panel, its histogram.
+    summary["lookahead"]["overall"]["nodes_per_step"] = {0: 40, 3: 12, 7: 30}
+    summary["fixed 8/16/0.85"] = {c: dict(row) for c in ("rag", "qa", "overall")}
+    summary["fixed 8/16/0.85"]["overall"]["nodes_per_step"] = {0: 50, 8: 45, 16: 5}
+    res.write_text(json.dumps({"summary": summary, "records": []}))  # keys become strings
+    assert plot.main([str(res), str(png)]) == 0 and _is_png(png)
+
+
+def test_e2e_fixed_policies_parse():
+    from lookahead.bench.e2e import FIXED_DEFAULT, fixed_policies
+
+    assert fixed_policies(FIXED_DEFAULT) == [(8, 16, 0.85)]
+    assert fixed_policies(" 4/8/0.5, 16/16/0 ,") == [(4, 8, 0.5), (16, 16, 0.0)]
+    assert fixed_policies("") == []
+    for bad in ("8/16", "8/4/0.1", "0/4/0.1", "a/b/c", "8/16/-1", "8/16/inf"):
+        with pytest.raises(ValueError, match="--fixed"):
+            fixed_policies(bad)
 
 
 def test_plot_rejects_what_no_bench_wrote(tmp_path):

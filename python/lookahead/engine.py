@@ -1,9 +1,11 @@
 """Lookahead generation for HF transformers causal LMs (batch size 1).
 
-Per step: draft a token tree from the shared `LookaheadCache`, run one forward over the tree on
-top of the KV cache (explicit positions, 4-D tree attention mask), verify with the kernels'
-dispatch functions, keep the accepted path's KV only, emit accepted tokens + the bonus token.
-Greedy output equals `model.generate(do_sample=False)`; sampling keeps the target distribution.
+Per step: draft a token tree from the shared `LookaheadCache`, keep the prefix of its
+best-first nodes that pays for its rows on this machine (`lookahead.costs`), run one forward
+over the tree on top of the KV cache (explicit positions, 4-D tree attention mask), verify
+with the kernels' dispatch functions, keep the accepted path's KV only, emit accepted tokens +
+the bonus token. Greedy output equals `model.generate(do_sample=False)`; sampling keeps the
+target distribution.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ DEFAULT_DEPTH = 12
 # The host's time per step (draft, tree inputs, verify, KV fix-up) is followed as a moving
 # average with this weight on the newest step: it adds to every choice's forward time.
 HOST_EMA = 0.1
+# The measured forward times correct the cost curve as a moving average of this weight.
+ROW_SCALE_EMA = 0.05
 
 TokenCallback = Callable[[list, str], None]
 
@@ -63,7 +67,7 @@ class GenerationStats:
     steps: int = 0  # tree forwards after the prefill
     accepted: list = field(default_factory=list)  # accepted draft tokens per step (bonus excluded)
     draft_nodes: list = field(default_factory=list)  # drafted nodes per step (root excluded)
-    skipped_drafts: int = 0  # drafts dropped as unlikely to pay (see `min_draft_score`)
+    skipped_drafts: int = 0  # drafts dropped as unlikely to pay (cost-aware choice or gate)
     prefill_s: float = 0.0  # the prompt forward (the cache's start_request is in total_s only)
     draft_s: float = 0.0  # LookaheadCache.draft
     mask_s: float = 0.0  # tree metadata, input tensors, 4-D mask
@@ -339,6 +343,10 @@ class LookaheadGenerator:
         self._cost_model = cost_model
         self.calibration = {False: AcceptanceCalibration(), True: AcceptanceCalibration()}
         self._host_s = 0.0
+        # Measured over modelled forward time, one row and several rows: the engine's own
+        # forwards correct the curve (multi-row steps ran ~18% over a fresh calibration here,
+        # one-row ones ~5% under), and follow a machine that got busier or freer since.
+        self._row_scale = [1.0, 1.0]
         self.multi_branch = _check_bool("multi_branch", multi_branch)
         if min_draft_score is None:
             min_draft_score = 0.0
@@ -675,7 +683,9 @@ class LookaheadGenerator:
                     # Best-first order: every prefix is a tree, and the likeliest one.
                     drafted = (d_tokens, d_parents, d_scores)
                     e = calibration.expected(d_scores[1:], d_parents[1:], last)
-                    k = choose_nodes(e, costs.curve(seq_len), self._host_s)
+                    curve = costs.curve(seq_len) * self._row_scale[1]
+                    curve[1] *= self._row_scale[0] / self._row_scale[1]
+                    k = choose_nodes(e, curve, self._host_s)
                     if k == 0:
                         stats.skipped_drafts += 1
                     d_tokens, d_parents, d_scores = (x[: k + 1] for x in drafted)
@@ -756,6 +766,11 @@ class LookaheadGenerator:
             stats.kv_s += t6 - t5
             host = (t3 - t1) + (t6 - t4)
             self._host_s += HOST_EMA * (host - self._host_s)
+            if costs is not None and n < len(modelled := costs.curve(seq_len)):
+                # Clipped: one stall (a page fault storm, another process) must not swing it.
+                ratio = min(max((t4 - t3) / modelled[n], 0.25), 4.0)
+                i = 0 if n == 1 else 1
+                self._row_scale[i] += ROW_SCALE_EMA * (ratio - self._row_scale[i])
 
             start = len(out)
             out.extend(emitted)

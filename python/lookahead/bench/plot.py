@@ -55,11 +55,19 @@ def _grouped(ax, cols, series, width=None):
 
 
 def plot_e2e(summary: dict, cats: list[str], path) -> None:
-    """`lookahead bench e2e`: tokens/s and speed-up over plain, per category."""
+    """`lookahead bench e2e`: tokens/s and speed-up over plain, per category; and for each
+    lookahead policy, how many draft nodes its steps verified (a histogram)."""
     plt = _pyplot()
     cols = [*cats, "overall"]
     methods = list(summary)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.2))
+    hists = {
+        m: {int(k): v for k, v in summary[m]["overall"]["nodes_per_step"].items()}
+        for m in methods
+        if "nodes_per_step" in summary[m]["overall"]
+    }
+    panels = 3 if hists else 2
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2))
+    ax1, ax2 = axes[0], axes[1]
     _grouped(ax1, cols, [(m, [summary[m][c]["tokens_per_s"] for c in cols], {}) for m in methods])
     _grouped(
         ax2,
@@ -68,8 +76,20 @@ def plot_e2e(summary: dict, cats: list[str], path) -> None:
     )
     for ax, title in ((ax1, "tokens/s"), (ax2, "speed-up over plain generate")):
         ax.set_title(title)
-        ax.legend()
+        ax.legend(fontsize=8)
     ax2.axhline(1.0, color="grey", lw=0.8)
+    if hists:
+        ax3 = axes[2]
+        widest = max(max(h) for h in hists.values())
+        width = 0.8 / len(hists)
+        for i, (m, h) in enumerate(hists.items()):
+            n = sum(h.values()) or 1
+            xs = [k + (i - (len(hists) - 1) / 2) * width for k in range(widest + 1)]
+            ax3.bar(xs, [100 * h.get(k, 0) / n for k in range(widest + 1)], width, label=m)
+        ax3.set_title("draft nodes verified per step (all prompts)")
+        ax3.set_xlabel("nodes (0: the root alone)")
+        ax3.set_ylabel("% of steps")
+        ax3.legend(fontsize=8)
     _save(fig, path)
 
 
