@@ -304,3 +304,19 @@ def test_greedy_outcomes_reach_past_the_verified_prefix():
     took, known = greedy_outcomes(tokens, parents, path=[0], emitted=[11])
     assert took.tolist() == [0, 1, 0, 0, 0, 0, 0]
     assert known.tolist() == [True, True, True, True, True, False, True]
+
+
+def test_measured_forwards_correct_the_curve():
+    model = tiny_model("llama")
+    # A curve ~1000x slower than a tiny model's forwards: each step's measured time pulls
+    # the correction down (clipped per step, so one stall cannot swing it).
+    gen = LookaheadGenerator(model, cost_model=CostModel.from_rows({1: 1.0, 64: 1.0}))
+    assert gen.cost_correction == (1.0, 1.0)
+    rng = random.Random(8)
+    for _ in range(3):
+        ids = repetitive_prompt(rng, VOCAB)
+        assert gen.generate(ids, max_new_tokens=32, eos_token_id=None).ids == hf_generate(
+            model, ids, 32
+        )
+    one, several = gen.cost_correction
+    assert 0.25 <= several < 0.7 and 0.25 <= one <= 1.0

@@ -374,6 +374,12 @@ class LookaheadGenerator:
             self._cost_model = load_or_measure(self.model)
         return self._cost_model
 
+    @property
+    def cost_correction(self) -> tuple:
+        """Measured over modelled forward time so far (one row, several rows): how far this
+        generator's forwards ran from the cost model, which drafts are sized by after it."""
+        return tuple(self._row_scale)
+
     # -- input handling -------------------------------------------------------------------
     def encode(self, prompt, chat: bool = False) -> list:
         """Prompt ids from a string (tokenizer needed; chat template if `chat`) or ids."""

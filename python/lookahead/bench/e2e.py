@@ -294,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         n = sum(hist.values()) or 1
         shown = ", ".join(f"{k}: {100 * v / n:.0f}%" for k, v in hist.items() if v / n >= 0.01)
         print(f"  {m}: {shown}")
+    if gens["lookahead"] is not None and costs is not None:
+        one, several = gens["lookahead"].cost_correction
+        print(
+            f"lookahead's forwards ran {one:.2f}x (one row) and {several:.2f}x (several rows) "
+            "the measured curve; its drafts were sized by the corrected one"
+        )
     print(
         "outputs equal to plain greedy: "
         + ", ".join(
@@ -308,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         res.update({"config": vars(args), "summary": summary, "records": records})
         if costs is not None:
             res["cost_model"] = costs.to_json()
+            if gens["lookahead"] is not None:
+                res["cost_correction"] = list(gens["lookahead"].cost_correction)
         write_json(args.json, res)
     return 0
 
