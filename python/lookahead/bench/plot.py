@@ -68,11 +68,15 @@ def plot_e2e(summary: dict, cats: list[str], path) -> None:
     panels = 3 if hists else 2
     fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2))
     ax1, ax2 = axes[0], axes[1]
-    _grouped(ax1, cols, [(m, [summary[m][c]["tokens_per_s"] for c in cols], {}) for m in methods])
+    # One colour per method in every panel.
+    style = {m: {"color": f"C{i}"} for i, m in enumerate(methods)}
+    _grouped(
+        ax1, cols, [(m, [summary[m][c]["tokens_per_s"] for c in cols], style[m]) for m in methods]
+    )
     _grouped(
         ax2,
         cols,
-        [(m, [summary[m][c]["speedup"] for c in cols], {}) for m in methods if m != "plain"],
+        [(m, [summary[m][c]["speedup"] for c in cols], style[m]) for m in methods if m != "plain"],
     )
     for ax, title in ((ax1, "tokens/s"), (ax2, "speed-up over plain generate")):
         ax.set_title(title)
@@ -85,7 +89,9 @@ def plot_e2e(summary: dict, cats: list[str], path) -> None:
         for i, (m, h) in enumerate(hists.items()):
             n = sum(h.values()) or 1
             xs = [k + (i - (len(hists) - 1) / 2) * width for k in range(widest + 1)]
-            ax3.bar(xs, [100 * h.get(k, 0) / n for k in range(widest + 1)], width, label=m)
+            ax3.bar(
+                xs, [100 * h.get(k, 0) / n for k in range(widest + 1)], width, label=m, **style[m]
+            )
         ax3.set_title("draft nodes verified per step (all prompts)")
         ax3.set_xlabel("nodes (0: the root alone)")
         ax3.set_ylabel("% of steps")
