@@ -91,7 +91,7 @@ def replay_ours(traces, curve_at, policy):
             t += _rows(curve_at(ctx), k + 1)
             if policy[0] == "cost" and d.num_nodes > 1:
                 emitted = output[pos : pos + a + 1].tolist()
-                took, known = greedy_outcomes(d.tokens, d.parents, path, emitted)
+                took, known = greedy_outcomes(d.tokens, d.parents, k + 1, path, emitted)
                 cal.observe(d.scores[1:][known], took[known], last_accepted=last)
                 last = int(took.sum())  # what the whole draft would have accepted
             else:

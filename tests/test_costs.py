@@ -129,6 +129,10 @@ def test_curve_interpolates_rows_and_context():
     assert np.allclose(m.curve(0)[[1, 8]], [1.0, 4.0])  # never below the shortest's
     assert m.relative(160) == [(1, 1.0), (4, 2.0), (8, 4.0)]
     assert CostModel.from_json(json.loads(json.dumps(m.to_json()))) == m
+    # Three contexts: piecewise linear through the middle one.
+    m3 = CostModel((1, 2), (0, 160, 320), ((1.0, 1.0), (2.0, 2.0), (2.5, 3.0)))
+    assert np.allclose(m3.curve(80)[1:], [1.5, 1.5]) and np.allclose(m3.curve(240)[1:], [2.25, 2.5])
+    assert np.allclose(m3.curve(480)[1:], [3.0, 4.0])
 
 
 @pytest.mark.parametrize(
@@ -166,6 +170,17 @@ def test_measured_curve_on_a_tiny_model():
     n = model.config.max_position_embeddings
     m = measure_costs(model, widths=(1, 2), contexts=(n * 4,), repeats=1)
     assert m.contexts == (n - 2,)
+
+
+def test_measured_widths_and_contexts_fit_the_positions_and_a_sliding_window():
+    small = tiny_model("llama", max_position_embeddings=16)
+    m = measure_costs(small, repeats=1)
+    assert max(m.widths) <= 8 and max(m.contexts) + max(m.widths) <= 16
+    windowed = tiny_model("qwen2", use_sliding_window=True, sliding_window=48, max_window_layers=0)
+    m = measure_costs(windowed, repeats=1)  # a windowed cache keeps only 48 rows
+    assert max(m.widths) <= 24 and max(m.contexts) + max(m.widths) <= 48
+    tiny = tiny_model("llama", max_position_embeddings=1)
+    assert measure_costs(tiny, repeats=1).widths == (1,)  # no room to draft at all
 
 
 def test_curve_is_measured_once_and_kept(monkeypatch, tmp_path):
@@ -253,14 +268,18 @@ def test_greedy_output_is_plain_decoding_under_every_curve(name, rows):
 
 def test_calibration_learns_from_verify_results():
     model = tiny_model("llama")
-    gen = LookaheadGenerator(model, cost_model=CostModel.from_rows({1: 1.0, 64: 1.0}))
+    # A knee at 4 rows: at most 3 nodes verified, the rest of each draft decided or not.
+    gen = LookaheadGenerator(model, cost_model=CostModel.from_rows({1: 1.0, 4: 1.0, 64: 30.0}))
     rng = random.Random(3)
+    res_nodes = []
     for _ in range(4):
         ids = repetitive_prompt(rng, VOCAB)
-        gen.generate(ids, max_new_tokens=32, eos_token_id=None)
+        res_nodes += gen.generate(ids, max_new_tokens=32, eos_token_id=None).stats.draft_nodes
     cal = gen.calibration[False]
-    # Every offered node counted once, and at most as many accepted.
-    assert 0 < cal.accepted.sum() <= cal.offered.sum()
+    # Greedy steps count the nodes their verify decides: more than they verified.
+    verified = sum(res_nodes)
+    assert 0 < cal.accepted.sum() < cal.offered.sum()
+    assert cal.offered.sum() > verified
     assert gen.calibration[True].offered.sum() == 0  # greedy steps teach the greedy table
     # Sampled steps teach their own table, from the nodes they verified.
     for seed in range(3):
@@ -275,6 +294,22 @@ def test_budget_caps_the_cost_aware_choice():
     ids = repetitive_prompt(random.Random(4), VOCAB)
     res = gen.generate(ids, max_new_tokens=32, eos_token_id=None)
     assert res.ids == hf_generate(model, ids, 32) and max(res.stats.draft_nodes) <= 3
+
+
+def test_sampling_under_the_cost_aware_choice_is_the_seeds_plain_sampling():
+    model = tiny_model("llama")
+    knee = CostModel.from_rows({1: 1.0, 4: 1.0, 64: 30.0})  # drafts of 0 to 3 nodes
+    cost_aware = LookaheadGenerator(model, cost_model=knee)
+    plain = LookaheadGenerator(model, budget=0)  # plain decoding through the same path
+    rng = random.Random(9)
+    drafted = 0
+    for seed in range(4):
+        ids = repetitive_prompt(rng, VOCAB)
+        kw = dict(max_new_tokens=32, eos_token_id=None, do_sample=True, seed=seed)
+        res = cost_aware.generate(ids, **kw)
+        assert res.ids == plain.generate(ids, **kw).ids
+        drafted += sum(n > 0 for n in res.stats.draft_nodes)
+    assert drafted > 0
 
 
 def test_default_generator_measures_on_first_use(monkeypatch, tmp_path):
@@ -295,15 +330,42 @@ def test_greedy_outcomes_reach_past_the_verified_prefix():
     tokens = [9, 10, 11, 12, 13, 14, 15, 16]
     parents = [-1, 0, 0, 1, 1, 3, 2, 4]
     # Nodes 0-2 verified: node 1 accepted, the target's argmax after it is 13 (node 4).
-    took, known = greedy_outcomes(tokens, parents, path=[0, 1], emitted=[10, 13])
+    took, known = greedy_outcomes(tokens, parents, 3, path=[0, 1], emitted=[10, 13])
     # 2 rejected (verified); 3 rejected (not the argmax after 1); 4 accepted though never
-    # verified; 5 below a rejected node; 6 below a rejected one; 7 below 4: unknown.
+    # verified; 6 rejected (its parent 2 was); 5 and 7 have unverified parents: unknown,
+    # whatever happened to them.
     assert took.tolist() == [1, 0, 0, 1, 0, 0, 0]
-    assert known.tolist() == [True, True, True, True, True, True, False]
-    # The root alone verified: its children are decided by the bonus token.
-    took, known = greedy_outcomes(tokens, parents, path=[0], emitted=[11])
+    assert known.tolist() == [True, True, True, True, False, True, False]
+    # The root alone verified: its children are decided by the bonus token, nothing below.
+    took, known = greedy_outcomes(tokens, parents, 1, path=[0], emitted=[11])
     assert took.tolist() == [0, 1, 0, 0, 0, 0, 0]
-    assert known.tolist() == [True, True, True, True, True, False, True]
+    assert known.tolist() == [True, True, False, False, False, False, False]
+
+
+def test_greedy_outcomes_do_not_bias_deep_nodes():
+    # A chain whose every level is accepted with p = 0.9, root verified alone or one level
+    # more: what is learnt of each level must be its true rate (0.9, 0.81, 0.729), not 0
+    # for levels that could only be known when an ancestor failed.
+    from lookahead.costs import greedy_outcomes
+
+    rng = np.random.default_rng(5)
+    seen = np.zeros(3)
+    hits = np.zeros(3)
+    for _ in range(20000):
+        depth = 0  # how far the target agrees with the chain
+        while depth < 3 and rng.uniform() < 0.9:
+            depth += 1
+        verified = int(rng.integers(1, 4))  # the root, and up to 2 levels below it
+        accepted = min(depth, verified - 1)
+        path = list(range(accepted + 1))
+        truth = [10, 11, 12]
+        # The argmax after the last accepted node: the chain's next token iff it agrees.
+        bonus = truth[accepted] if depth > accepted else 99
+        emitted = truth[:accepted] + [bonus]
+        took, known = greedy_outcomes([9, *truth], [-1, 0, 1, 2], verified, path, emitted)
+        seen += known
+        hits += took * known
+    assert np.allclose(hits / seen, [0.9, 0.81, 0.729], atol=0.02)
 
 
 def test_measured_forwards_correct_the_curve():
@@ -319,4 +381,4 @@ def test_measured_forwards_correct_the_curve():
             model, ids, 32
         )
     one, several = gen.cost_correction
-    assert 0.25 <= several < 0.7 and 0.25 <= one <= 1.0
+    assert 0.25 <= several < 0.7 and 0.25 <= one < 0.9

@@ -56,8 +56,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--max-budget",
         type=int,
         default=None,
-        help="with --budget or --min-draft-score: draft nodes per step after a step accepted "
-        "4+ tokens (default --budget)",
+        help="draft nodes per step after a step accepted 4+ tokens, in the fixed policy that "
+        "any of --budget, --max-budget, --min-draft-score selects (default --budget, itself 8)",
     )
     p.add_argument(
         "--depth", type=int, default=12, help="longest n-gram stored in the trie, 2-64 (default 12)"
@@ -68,7 +68,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="verify a draft only if its expected accepted tokens (sum of path scores) reach "
-        "this; sets the fixed policy (--budget default 8) (default: drafts sized by cost)",
+        "this; any value (even 0) selects the fixed policy, --budget 8 unless given "
+        "(default: drafts sized by cost)",
     )
 
 

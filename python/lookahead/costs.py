@@ -14,6 +14,7 @@ own verify results (`AcceptanceCalibration`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -86,12 +87,13 @@ class CostModel:
         if got is not None:
             return got
         s = np.asarray(self.seconds, dtype=np.float64)
-        if len(self.contexts) == 1:
+        c = self.contexts
+        if len(c) == 1 or bucket <= c[0]:
             at = s[0]
-        else:
-            c0, c1 = self.contexts[0], self.contexts[-1]
-            t = (max(bucket, c0) - c0) / (c1 - c0)  # extrapolated past the longest
-            at = np.maximum(s[0] + t * (s[-1] - s[0]), s[0])
+        else:  # linear between measured contexts, extrapolated past the longest from the last two
+            i = min(int(np.searchsorted(c, bucket)), len(c) - 1)
+            t = (bucket - c[i - 1]) / (c[i] - c[i - 1])
+            at = np.maximum(s[i - 1] + t * (s[i] - s[i - 1]), s[0])
         rows = np.arange(self.widths[-1] + 1)
         out = np.interp(rows, self.widths, at)
         out[0] = math.nan
@@ -187,6 +189,21 @@ def _stderr_line(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def _positions_limit(model) -> int | None:
+    """Rows a cache of this model may hold: its positions, and a sliding window's rows (a
+    windowed cache keeps only those)."""
+    cfg = model.config
+    limits = [
+        v
+        for v in (
+            getattr(cfg, "max_position_embeddings", None),
+            getattr(cfg, "sliding_window", None),
+        )
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0
+    ]
+    return min(limits) if limits else None
+
+
 def measure_costs(
     model,
     *,
@@ -198,16 +215,19 @@ def measure_costs(
     """Time `model`'s forward of each width of new rows over each context length of cached
     random tokens, as the engine calls it (explicit positions, a 4-D mask, its KV cache);
     the median of `repeats` rounds after a warm-up one, rounds interleaved across widths so
-    drift hits all alike. Contexts are capped by the model's context length."""
+    drift hits all alike. Widths and contexts are capped so that every row has a position
+    (and fits a sliding window); a model of fewer than 2 positions gets a one-row curve."""
     import torch
 
     from lookahead.kv import new_cache
 
     widths = tuple(int(w) for w in widths)
-    ctx_max = getattr(model.config, "max_position_embeddings", None)
-    if isinstance(ctx_max, int) and ctx_max > 0:  # positions past it would not exist
-        widths = tuple(w for w in widths if w <= max(ctx_max // 2, 1))
-        cap = max(ctx_max - widths[-1], 1)
+    limit = _positions_limit(model)
+    if limit is not None:
+        widths = tuple(w for w in widths if w <= limit // 2) or (1,)
+        cap = limit - widths[-1]
+        if cap < 1:  # no room for one cached token and one row
+            return CostModel((1,), (0,), ((1.0,),), cost_key(model))
         ctxs = sorted({max(1, min(int(c), cap)) for c in contexts})
     else:
         ctxs = sorted({max(1, int(c)) for c in contexts})
@@ -215,17 +235,22 @@ def measure_costs(
     dev, dtype = p.device, p.dtype
     vocab = model.get_input_embeddings().weight.shape[0]
     eager = getattr(model.config, "_attn_implementation", None) == "eager"
+    # The fill needs no logits: ask for the last position's alone where the forward can.
+    fill_kw = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
     gen = torch.Generator().manual_seed(seed)
     cuda = dev.type == "cuda"
     out = []
-    with torch.inference_mode():
+    on_device = torch.cuda.device(dev) if cuda else contextlib.nullcontext()
+    with torch.inference_mode(), on_device:  # CUDA events record on the model's device
         kv = new_cache(model)
         have = 0
         for ctx in ctxs:
-            fill = torch.randint(0, vocab, (1, ctx - have), generator=gen).to(dev)
             if ctx > have:
+                fill = torch.randint(0, vocab, (1, ctx - have), generator=gen).to(dev)
                 pos = torch.arange(have, ctx, device=dev)[None]
-                model(input_ids=fill, position_ids=pos, past_key_values=kv, use_cache=True)
+                model(
+                    input_ids=fill, position_ids=pos, past_key_values=kv, use_cache=True, **fill_kw
+                )
             have = ctx
             times = {w: [] for w in widths}
             for rnd in range(repeats + 1):
@@ -263,6 +288,15 @@ def measure_costs(
     return CostModel(widths, tuple(ctxs), tuple(out), cost_key(model))
 
 
+def _forward_params(model) -> set:
+    import inspect
+
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def load_or_measure(
     model, *, refresh: bool = False, progress: Callable[[str], None] | None = _stderr_line
 ) -> CostModel:
@@ -288,15 +322,20 @@ def load_or_measure(
         )
     t0 = time.perf_counter()
     got = CostModel.from_json(measure_costs(model).to_json())  # as a later run will read it
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".cost-", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             json.dump(got.to_json(), f, indent=1)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from others sharing the folder
         os.replace(tmp, path)
         where = f"kept in {path}"
     except OSError as e:
         where = f"not kept: {e}"
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     if progress:
         progress(
             f"lookahead: measured in {time.perf_counter() - t0:.1f} s ({where}); "
@@ -331,7 +370,8 @@ BAND_EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7,
 REGIME_EDGES = (1, 4)
 # The shipped prior: a node's path score is its chance of acceptance (on the default model,
 # greedy, the scores' sums track the accepted lengths: 0.47 accepted at sums 0.3-0.6, 1.11
-# at 0.85-1.2), worth this many nodes per band until the engine's own outweigh it.
+# at 0.85-1.2), read at each band's middle score, worth this many nodes per band until the
+# engine's own outweigh it.
 PRIOR_WEIGHT = 8.0
 # Evidence fades by this factor per verify step (half-life ~350 steps), so a calibration
 # follows the requests of the hour, not those of the morning.
@@ -341,8 +381,8 @@ DECAY = 0.998
 class AcceptanceCalibration:
     """A node's chance of acceptance from its path score and the request's last accepted
     length, learnt from verify results: accepted over offered per score band and regime
-    (`REGIME_EDGES`), with a prior of `p = score` worth `PRIOR_WEIGHT` nodes, made
-    non-decreasing in the score (pool-adjacent-violators)."""
+    (`REGIME_EDGES`), with a prior of `p` = the band's middle score worth `PRIOR_WEIGHT`
+    nodes, made non-decreasing in the score (pool-adjacent-violators)."""
 
     def __init__(self, prior_weight: float = PRIOR_WEIGHT, decay: float = DECAY):
         self.edges = BAND_EDGES
@@ -409,29 +449,28 @@ class AcceptanceCalibration:
         return np.cumsum(got)
 
 
-def greedy_outcomes(tokens, parents, path, emitted) -> tuple:
-    """What greedy verification says of every node of a drafted tree, not only of those it
-    verified: `(accepted, known)` over nodes 1.. (root excluded). `path` is the accepted
-    nodes (root first) of the verified prefix, `emitted` the tokens that step emitted
-    (`emitted[i]` is the target's argmax after `path[i]`). A node whose parent was rejected
-    would have been rejected; one whose parent was accepted would have been accepted iff it
-    is the argmax there; only below an unverified node that would have been accepted is
-    nothing known. So the calibration sees the nodes it did not offer too, and learns the
-    worth of wider drafts without paying for them."""
+def greedy_outcomes(tokens, parents, verified: int, path, emitted) -> tuple:
+    """What greedy verification of a draft's first `verified` nodes (root included) says of
+    the nodes whose parent it verified, not only of those it verified: `(accepted, known)`
+    over nodes 1.. (root excluded). `path` is the accepted nodes (root first), `emitted` the
+    tokens that step emitted (`emitted[i]` is the target's argmax after `path[i]`). A child
+    of a rejected node would have been rejected; a child of an accepted one would have been
+    accepted iff it is the argmax there. So the calibration sees nodes it did not offer too,
+    and learns what one more level of a wider draft is worth without paying for it. Nodes
+    whose parent was not verified stay unknown whatever happened: which of them could be
+    told would depend on the outcome (only rejections could), and counting those would bias
+    deep nodes towards 0."""
     nxt = {int(node): int(tok) for node, tok in zip(path, emitted)}
     toks = np.asarray(tokens).tolist()
     pars = np.asarray(parents).tolist()
-    # 2: accepted, the argmax after it known; 1: accepted, unknown after it; 0: rejected;
-    # -1: unknown.
-    state = [2] + [0] * (len(toks) - 1)
+    took = np.zeros(len(toks) - 1)
+    known = np.zeros(len(toks) - 1, dtype=bool)
     for j in range(1, len(toks)):
-        sp = state[pars[j]]
-        if sp == 2:
-            state[j] = (2 if j in nxt else 1) if toks[j] == nxt[pars[j]] else 0
-        else:
-            state[j] = 0 if sp == 0 else -1
-    st = np.asarray(state[1:])
-    return (st >= 1).astype(np.float64), st >= 0
+        par = pars[j]
+        if par < verified:
+            known[j - 1] = True
+            took[j - 1] = float(par in nxt and toks[j] == nxt[par])
+    return took, known
 
 
 def _isotonic(v: np.ndarray, w: np.ndarray) -> np.ndarray:

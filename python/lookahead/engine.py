@@ -278,14 +278,16 @@ class LookaheadGenerator:
     `CostModel`), each node's chance of acceptance from its path score through a calibration
     learnt from this generator's own verify results (`calibration[do_sample]`).
 
-    `budget`, `max_budget` and `min_draft_score` are overrides. Given any of them without a
-    `cost_model`, the draft size is fixed: `budget` nodes per step (`FIXED_BUDGET` if only the
-    others are given), up to `max_budget` after a step that accepted `DEEP_ACCEPT` or more
-    tokens (default: `budget`), and a draft whose path scores sum below `min_draft_score`
-    (default 0) is dropped for the root alone. With a `cost_model` too, `max_budget` (else
-    `budget`) caps the nodes the cost-aware choice may take, and `min_draft_score` still
-    applies. `cost_model=None` is the fixed policy with its defaults. `depth` is the longest
-    stored n-gram (used when `cache` is None).
+    `budget`, `max_budget` and `min_draft_score` are overrides: any of them given (even 0)
+    without a `cost_model` selects the fixed policy: `budget` nodes per step (`FIXED_BUDGET`
+    if only the others are given), up to `max_budget` after a step that accepted
+    `DEEP_ACCEPT` or more tokens (default, and at least, `budget`), and a draft whose path
+    scores sum below `min_draft_score` (default 0) is dropped for the root alone. With a
+    `cost_model` too, `max_budget` (else `budget`) caps the nodes the cost-aware choice may
+    take, and `min_draft_score` still applies. `cost_model=None` is the fixed policy with its
+    defaults. A `CostModel` measured to fewer rows than `AUTO_MAX_NODES + 1` caps drafts at
+    its widest row less the root. `depth` is the longest stored n-gram (used when `cache` is
+    None).
     """
 
     def __init__(
@@ -342,7 +344,7 @@ class LookaheadGenerator:
             self.max_budget = max(self.budget, max_budget or 0)
         self._cost_model = cost_model
         self.calibration = {False: AcceptanceCalibration(), True: AcceptanceCalibration()}
-        self._host_s = 0.0
+        self._host_s = {False: 0.0, True: 0.0}  # by do_sample: sampling does more per step
         # Measured over modelled forward time, one row and several rows: the engine's own
         # forwards correct the curve (multi-row steps ran ~18% over a fresh calibration here,
         # one-row ones ~5% under), and follow a machine that got busier or freer since.
@@ -536,7 +538,8 @@ class LookaheadGenerator:
         whatever the drafts, as plain sampling with that generator would. A prompt longer than
         the model's context (`context_length`) is refused with `InvalidInput` before the
         prefill, as is text with lone surrogates (undecodable bytes); one that fits but may run
-        past the context within `max_new_tokens` gets a warning.
+        past the context within `max_new_tokens` gets a warning. `budget` given here is a
+        fixed draft width for this call (no cost-aware choice).
         """
         if not _is_int(max_new_tokens) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -691,7 +694,7 @@ class LookaheadGenerator:
                     e = calibration.expected(d_scores[1:], d_parents[1:], last)
                     curve = costs.curve(seq_len) * self._row_scale[1]
                     curve[1] *= self._row_scale[0] / self._row_scale[1]
-                    k = choose_nodes(e, curve, self._host_s)
+                    k = choose_nodes(e, curve, self._host_s[cfg.do_sample])
                     if k == 0:
                         stats.skipped_drafts += 1
                     d_tokens, d_parents, d_scores = (x[: k + 1] for x in drafted)
@@ -753,7 +756,7 @@ class LookaheadGenerator:
                     calibration.observe(d_scores[1:n], took, last)
                 else:
                     all_tokens, all_parents, all_scores = drafted
-                    took, known = greedy_outcomes(all_tokens, all_parents, path, emitted)
+                    took, known = greedy_outcomes(all_tokens, all_parents, n, path, emitted)
                     calibration.observe(all_scores[1:][known], took[known], last)
                     would_accept = int(took.sum())
             t5 = perf()
@@ -761,8 +764,9 @@ class LookaheadGenerator:
             t6 = perf()
             stats.steps += 1
             stats.accepted.append(n_acc)
-            # The next step's regime: what this draft would have accepted, not drafting
-            # included (greedy), else what it did.
+            # The next step's regime: in greedy decoding what this draft would have accepted
+            # one level past the verified nodes, so that not drafting does not look like
+            # failing; when sampling what it did accept (a skipped draft counts as 0).
             last = n_acc if would_accept is None else would_accept
             stats.draft_nodes.append(n - 1)
             stats.draft_s += t2 - t1
@@ -771,7 +775,7 @@ class LookaheadGenerator:
             stats.verify_s += t5 - t4
             stats.kv_s += t6 - t5
             host = (t3 - t1) + (t6 - t4)
-            self._host_s += HOST_EMA * (host - self._host_s)
+            self._host_s[cfg.do_sample] += HOST_EMA * (host - self._host_s[cfg.do_sample])
             if costs is not None and n < len(modelled := costs.curve(seq_len)):
                 # Clipped: one stall (a page fault storm, another process) must not swing it.
                 ratio = min(max((t4 - t3) / modelled[n], 0.25), 4.0)

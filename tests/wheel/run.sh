@@ -20,6 +20,8 @@ trap 'rm -rf "$work"' EXIT
 # The user's machine: this venv first, and no cargo / rustc anywhere on PATH.
 no_rust=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v -e '\.cargo' -e 'rustup' | paste -sd: -)
 export PATH="$work/venv/bin:$no_rust" PIP_DISABLE_PIP_VERSION_CHECK=1
+# Cost curves measured for the smoke test's tiny model stay in the scratch folder.
+export LOOKAHEAD_COST_DIR="$work/costs"
 if command -v cargo >/dev/null || command -v rustc >/dev/null; then
     echo "wheel smoke: a Rust toolchain is still on PATH: $(command -v cargo rustc)" >&2
     exit 1

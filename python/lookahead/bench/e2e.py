@@ -129,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"lookahead bench e2e: {err}") from None
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
     eos = tok.eos_token_id
-    given = {k: v for k, v in (("budget", args.budget), ("max_budget", args.max_budget)) if v}
+    given = {
+        k: v for k, v in (("budget", args.budget), ("max_budget", args.max_budget)) if v is not None
+    }
     policies = {"lookahead": given}
     for b, m, sc in fixed:
         policies[f"fixed {b}/{m}/{sc:g}"] = dict(budget=b, max_budget=m, min_draft_score=sc)
