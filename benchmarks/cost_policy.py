@@ -100,11 +100,16 @@ def replay_ours(traces, curve_at, policy):
             pos += a + 1
             steps += 1
         cache.finish_request(rid)
-        acc = out[req["category"]]
-        acc[0] += output.shape[0] - 1
-        acc[1] += t
-        acc[2] += steps
+        _tally(out, req, t, steps)
     return out
+
+
+def _tally(out, req, seconds, steps) -> None:
+    """Add one replayed request to its category: [emitted tokens, model seconds, steps]."""
+    acc = out[req["category"]]
+    acc[0] += len(req["output_ids"]) - 1
+    acc[1] += seconds
+    acc[2] += steps
 
 
 def _rows(c, rows):
@@ -140,10 +145,7 @@ def replay_pld(traces, curve_at, n=10):
             pos += a + 1
             steps += 1
         pld.finish_request(rid)
-        acc = out[req["category"]]
-        acc[0] += output.shape[0] - 1
-        acc[1] += t
-        acc[2] += steps
+        _tally(out, req, t, steps)
     return out
 
 

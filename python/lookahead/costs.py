@@ -219,7 +219,7 @@ def measure_costs(
     (and fits a sliding window); a model of fewer than 2 positions gets a one-row curve."""
     import torch
 
-    from lookahead.kv import new_cache
+    from lookahead.kv import last_logits_only, new_cache
 
     widths = tuple(int(w) for w in widths)
     limit = _positions_limit(model)
@@ -235,8 +235,7 @@ def measure_costs(
     dev, dtype = p.device, p.dtype
     vocab = model.get_input_embeddings().weight.shape[0]
     eager = getattr(model.config, "_attn_implementation", None) == "eager"
-    # The fill needs no logits: ask for the last position's alone where the forward can.
-    fill_kw = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
+    fill_kw = last_logits_only(model)  # the fill needs no logits
     gen = torch.Generator().manual_seed(seed)
     cuda = dev.type == "cuda"
     out = []
@@ -286,15 +285,6 @@ def measure_costs(
                         times[w].append(secs)
             out.append(tuple(float(np.median(times[w])) for w in widths))
     return CostModel(widths, tuple(ctxs), tuple(out), cost_key(model))
-
-
-def _forward_params(model) -> set:
-    import inspect
-
-    try:
-        return set(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        return set()
 
 
 def load_or_measure(
@@ -358,6 +348,36 @@ def choose_nodes(expected: np.ndarray, costs: np.ndarray, host_s: float = 0.0) -
         return 0
     gain = 1.0 + np.concatenate(([0.0], np.asarray(expected[:k_max], dtype=np.float64)))
     return int(np.argmax(gain / (costs[1 : k_max + 2] + host_s)))  # first max: fewest nodes
+
+
+# The engine's measured forward times correct the curve as a moving average of this weight,
+# each step's ratio clipped to this range (one stall must not swing it).
+CORRECTION_EMA = 0.05
+CORRECTION_CLIP = (0.25, 4.0)
+
+
+class ForwardCorrection:
+    """Measured over modelled forward time, for one-row and for multi-row forwards, as moving
+    averages over the engine's own steps: a fresh curve was 0.93x-1.18x off in decoding here
+    (by dtype and run), and a machine gets busier or freer after it was measured."""
+
+    def __init__(self):
+        self.scale = [1.0, 1.0]  # one row, several rows
+
+    def apply(self, curve: np.ndarray) -> np.ndarray:
+        """`curve` (seconds by rows, index 0 unused) as the forwards so far ran it."""
+        out = curve * self.scale[1]
+        out[1] = curve[1] * self.scale[0]
+        return out
+
+    def observe(self, rows: int, seconds: float, curve: np.ndarray) -> None:
+        """One forward of `rows` rows took `seconds`; `curve` is what the model predicted."""
+        if rows >= len(curve):
+            return
+        lo, hi = CORRECTION_CLIP
+        ratio = min(max(seconds / curve[rows], lo), hi)
+        i = 0 if rows == 1 else 1
+        self.scale[i] += CORRECTION_EMA * (ratio - self.scale[i])
 
 
 # Path-score bands a node's chance of acceptance is learnt in: fine where scores crowd.

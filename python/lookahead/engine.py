@@ -10,7 +10,6 @@ target distribution.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import math
 import operator
@@ -27,12 +26,19 @@ from lookahead.cache import _is_bool, _is_int
 from lookahead.costs import (
     AcceptanceCalibration,
     CostModel,
+    ForwardCorrection,
     choose_nodes,
     greedy_outcomes,
     load_or_measure,
 )
 from lookahead.errors import InvalidInput
-from lookahead.kv import check_cache_layers, check_model_supports_kv, keep_path, new_cache
+from lookahead.kv import (
+    check_cache_layers,
+    check_model_supports_kv,
+    keep_path,
+    last_logits_only,
+    new_cache,
+)
 from lookahead.sampling import SamplingConfig, node_scores
 
 # The widest draft the cost-aware choice considers (nodes besides the root); the measured
@@ -50,8 +56,6 @@ DEFAULT_DEPTH = 12
 # The host's time per step (draft, tree inputs, verify, KV fix-up) is followed as a moving
 # average with this weight on the newest step: it adds to every choice's forward time.
 HOST_EMA = 0.1
-# The measured forward times correct the cost curve as a moving average of this weight.
-ROW_SCALE_EMA = 0.05
 
 TokenCallback = Callable[[list, str], None]
 
@@ -304,10 +308,7 @@ class LookaheadGenerator:
         cost_model=_UNSET,
     ):
         check_model_supports_kv(model)
-        # The prefill needs only its last position's logits: ask for them alone where the
-        # forward names the option (remote-code models may lack it).
-        takes_it = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._prefill_kw = {"logits_to_keep": 1} if takes_it else {}
+        self._prefill_kw = last_logits_only(model)
         attn = getattr(model.config, "_attn_implementation", None)
         if attn not in ("sdpa", "eager"):
             raise ValueError(
@@ -345,10 +346,7 @@ class LookaheadGenerator:
         self._cost_model = cost_model
         self.calibration = {False: AcceptanceCalibration(), True: AcceptanceCalibration()}
         self._host_s = {False: 0.0, True: 0.0}  # by do_sample: sampling does more per step
-        # Measured over modelled forward time, one row and several rows: the engine's own
-        # forwards correct the curve (multi-row steps ran ~18% over a fresh calibration here,
-        # one-row ones ~5% under), and follow a machine that got busier or freer since.
-        self._row_scale = [1.0, 1.0]
+        self._correction = ForwardCorrection()
         self.multi_branch = _check_bool("multi_branch", multi_branch)
         if min_draft_score is None:
             min_draft_score = 0.0
@@ -380,7 +378,7 @@ class LookaheadGenerator:
     def cost_correction(self) -> tuple:
         """Measured over modelled forward time so far (one row, several rows): how far this
         generator's forwards ran from the cost model, which drafts are sized by after it."""
-        return tuple(self._row_scale)
+        return tuple(self._correction.scale)
 
     # -- input handling -------------------------------------------------------------------
     def encode(self, prompt, chat: bool = False) -> list:
@@ -674,6 +672,7 @@ class LookaheadGenerator:
             t1 = perf()
             drafted = None  # the draft before the cost-aware cut, when there was one
             would_accept = None
+            modelled = costs.curve(seq_len) if costs is not None else None
             deep = last >= DEEP_ACCEPT
             b = budget if deep or costs is not None else base_budget
             # Draft tokens wanted at most: those still to come, less the bonus token.
@@ -692,8 +691,7 @@ class LookaheadGenerator:
                     # Best-first order: every prefix is a tree, and the likeliest one.
                     drafted = (d_tokens, d_parents, d_scores)
                     e = calibration.expected(d_scores[1:], d_parents[1:], last)
-                    curve = costs.curve(seq_len) * self._row_scale[1]
-                    curve[1] *= self._row_scale[0] / self._row_scale[1]
+                    curve = self._correction.apply(modelled)
                     k = choose_nodes(e, curve, self._host_s[cfg.do_sample])
                     if k == 0:
                         stats.skipped_drafts += 1
@@ -776,11 +774,8 @@ class LookaheadGenerator:
             stats.kv_s += t6 - t5
             host = (t3 - t1) + (t6 - t4)
             self._host_s[cfg.do_sample] += HOST_EMA * (host - self._host_s[cfg.do_sample])
-            if costs is not None and n < len(modelled := costs.curve(seq_len)):
-                # Clipped: one stall (a page fault storm, another process) must not swing it.
-                ratio = min(max((t4 - t3) / modelled[n], 0.25), 4.0)
-                i = 0 if n == 1 else 1
-                self._row_scale[i] += ROW_SCALE_EMA * (ratio - self._row_scale[i])
+            if costs is not None:
+                self._correction.observe(n, t4 - t3, modelled)
 
             start = len(out)
             out.extend(emitted)

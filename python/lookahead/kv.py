@@ -35,6 +35,17 @@ def check_model_supports_kv(model) -> None:
         raise KVCacheError("encoder-decoder models are not supported; use a decoder-only LM")
 
 
+def last_logits_only(model) -> dict:
+    """Keyword arguments that make a forward compute the last position's logits alone (a
+    prefill needs no others), where the model's forward names the option; else none
+    (remote-code models may lack it)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
 def new_cache(model):
     """A fresh `DynamicCache` for `model`."""
     from transformers import DynamicCache
