@@ -53,10 +53,30 @@ class Cache:
         background_indexing: bool,
         index_threads: int = 0,
         history_skip: tuple[int, int] | None = ...,
+        recycle_k: int = 0,
+        recycle_slots: int = ...,
+        recycle_weight: float = 0.5,
     ) -> Cache: ...
     def config(self) -> dict[str, Any]: ...
     def start_request(self, rid: _Rid, prompt: _Tokens, namespace: str) -> None: ...
     def extend(self, rid: _Rid, tokens: _Tokens) -> None: ...
+    def extend_predicted(
+        self,
+        rid: _Rid,
+        tokens: _Tokens,
+        ids: _U32,
+        probs: npt.NDArray[np.float32],
+        k: int,
+    ) -> None: ...
+    def recycle_after(
+        self,
+        rid: _Rid,
+        toks: _Tokens,
+        after: _Tokens | None,
+        ids: _U32,
+        probs: npt.NDArray[np.float32],
+        k: int,
+    ) -> None: ...
     def extend_batch(self, rids: list[_Rid], tokens: _Tokens, lengths: list[int]) -> None: ...
     def draft(self, rid: _Rid, budget: int, multi_branch: bool) -> Draft: ...
     def step(self, rid: _Rid, tokens: _Tokens, budget: int, multi_branch: bool) -> Draft: ...

@@ -59,6 +59,37 @@ def _is_bool(v) -> bool:
     return isinstance(v, (bool, np.bool_))
 
 
+def _as_numpy(x: Any, what: str) -> np.ndarray:
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as err:
+        raise InvalidInput(f"{what} must be a 2-D array, got {type(x).__name__}") from err
+
+
+def _predictions(top_ids: Any, top_probs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Checked (uint32, float32) C-contiguous copies of `extend`'s prediction rows."""
+    if top_ids is None or top_probs is None:
+        raise InvalidInput("top_ids and top_probs go together: give both or neither")
+    ids, probs = _as_numpy(top_ids, "top_ids"), _as_numpy(top_probs, "top_probs")
+    if ids.ndim != 2 or ids.shape != probs.shape or ids.shape[1] < 1:
+        raise InvalidInput(
+            f"top_ids and top_probs must be 2-D of one shape (rows, k >= 1), got "
+            f"{ids.shape} and {probs.shape}"
+        )
+    if ids.dtype.kind not in "iu" or probs.dtype.kind != "f":
+        raise InvalidInput(
+            f"top_ids must hold integers and top_probs floats, got {ids.dtype} and {probs.dtype}"
+        )
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 2**32):
+        raise InvalidInput("top_ids must lie in [0, 2**32)")
+    probs = np.ascontiguousarray(probs, dtype=np.float32)
+    if not np.all((probs >= 0) & (probs <= 1)):  # NaN fails too
+        raise InvalidInput("top_probs must lie in [0, 1]")
+    return np.ascontiguousarray(ids, dtype=np.uint32), probs
+
+
 def _rid_list(rids) -> list:
     """`rids` as a list; a str is iterable too, but drafting for its characters is a mistake."""
     if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
@@ -100,6 +131,16 @@ class LookaheadCache:
             continuation would outrank the request's own; 1-2 tokens give common
             continuations, and 7 and more are repeats (a repeated request still copies its
             earlier answer). `None`: consult it at every length (BENCHMARKS.md §2.1).
+        recycle_k: how many of the target's top predictions to keep per key from
+            `extend(..., top_ids=, top_probs=)` (0 to 64; 0, the default: none, drafts come
+            from the tries only). Drafts offer them as children of the node whose token (after
+            its parent's, where that pair has a row) they followed, scored `recycle_weight * p`
+            beside the tries' continuations (docs/interfaces.md, "Recycled predictions").
+        recycle_slots: keys the recycled-prediction table holds at most, over all namespaces
+            (the oldest written goes first; about `recycle_slots * (8 * recycle_k + 40)`
+            bytes once full, counted in `stats()["bytes"]`; not saved by `save`).
+        recycle_weight: scale of a recycled prediction's probability in draft scores (0 to
+            1e6).
 
     All methods are thread-safe and release the GIL while the Rust core works.
     """
@@ -114,6 +155,9 @@ class LookaheadCache:
         background_indexing: bool = True,
         index_threads: int = 0,
         history_skip: tuple[int, int] | None = (3, 6),
+        recycle_k: int = 0,
+        recycle_slots: int = 1 << 18,
+        recycle_weight: float = 0.5,
         *,
         _core_cache: _core.Cache | None = None,
     ) -> None:
@@ -124,6 +168,8 @@ class LookaheadCache:
             ("max_depth", max_depth),
             ("capacity_nodes", capacity_nodes),
             ("index_threads", index_threads),
+            ("recycle_k", recycle_k),
+            ("recycle_slots", recycle_slots),
         ):
             if not _is_int(v) or not 0 <= v < 2**63:
                 raise InvalidInput(f"{name} must be a non-negative int below 2**63, got {v!r}")
@@ -133,7 +179,11 @@ class LookaheadCache:
         ):
             if not _is_bool(flag):
                 raise InvalidInput(f"{name} must be a bool, got {flag!r}")
-        for name, w in (("prompt_weight", prompt_weight), ("output_weight", output_weight)):
+        for name, w in (
+            ("prompt_weight", prompt_weight),
+            ("output_weight", output_weight),
+            ("recycle_weight", recycle_weight),
+        ):
             if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
                 raise InvalidInput(f"{name} must be a number, got {w!r}")
         if history_skip is not None:
@@ -156,6 +206,9 @@ class LookaheadCache:
             bool(background_indexing),
             int(index_threads),
             history_skip,
+            int(recycle_k),
+            int(recycle_slots),
+            float(recycle_weight),
         )
 
     @property
@@ -169,16 +222,49 @@ class LookaheadCache:
         """Registers request `rid` and indexes every window of its prompt (non-empty)."""
         self._c.start_request(rid, prompt_ids, namespace)
 
-    def extend(self, rid: RequestId, new_token_ids: TokenIds) -> None:
+    def extend(
+        self,
+        rid: RequestId,
+        new_token_ids: TokenIds,
+        top_ids: Any = None,
+        top_probs: Any = None,
+    ) -> None:
         """Appends verified tokens (accepted + bonus) to `rid`'s context, its own trie and
         its namespace's shared history.
+
+        `top_ids` / `top_probs` (both or neither; 2-D, one row per new token, `k >= 1` columns,
+        numpy arrays or torch tensors): the target's top-k next tokens and their probabilities
+        in `[0, 1]` from the distribution that chose each new token (row 0: after the context's
+        last token before this call). Kept as recycled predictions where `recycle_k > 0`
+        (checked either way).
 
         Token ids: a list or tuple of ints, a 1-D numpy array of any integer dtype, or a 1-D
         integer torch tensor; ids must lie in `[0, 2**32)` (bools, floats, other shapes and
         out-of-range ids raise `InvalidInput`). More than 262,144 ids are counted in parts,
         with Ctrl-C checked in between: a KeyboardInterrupt leaves the parts before it counted.
         """
-        self._c.extend(rid, new_token_ids)
+        if top_ids is None and top_probs is None:
+            self._c.extend(rid, new_token_ids)
+            return
+        ids, probs = _predictions(top_ids, top_probs)
+        self._c.extend_predicted(rid, new_token_ids, ids.ravel(), probs.ravel(), ids.shape[1])
+
+    def recycle(
+        self,
+        rid: RequestId,
+        token_ids: TokenIds,
+        top_ids: Any,
+        top_probs: Any,
+        after: TokenIds | None = None,
+    ) -> None:
+        """Keeps the target's top-k predictions after each of `token_ids` (row j: the
+        distribution that followed `token_ids[j]`; shapes as in `extend`) as recycled
+        predictions of `rid`'s namespace, without extending `rid`'s context: for distributions
+        computed off the accepted path, such as a prompt's prefill or a draft's rejected
+        nodes. `after[j]` is the token before `token_ids[j]` (a draft node's parent); None:
+        `token_ids` is a sequence (`token_ids[j - 1]`). A no-op where `recycle_k` is 0."""
+        ids, probs = _predictions(top_ids, top_probs)
+        self._c.recycle_after(rid, token_ids, after, ids.ravel(), probs.ravel(), ids.shape[1])
 
     def extend_batch(
         self, rids: list[RequestId], new_token_ids: TokenIds, lengths: list[int]

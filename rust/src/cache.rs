@@ -8,7 +8,8 @@
 //! Lock order, never reversed: request state -> the request's prompt slot -> the request's
 //! own trie -> one namespace lock (a draft reads its own trie, then the history; `extend`
 //! writes one trie at a time). Budget reservations, which may evict history, happen before a
-//! trie lock is taken; nothing holding a namespace lock takes another lock. The name map of
+//! trie lock is taken; nothing holding a namespace lock takes another lock but the
+//! recycled-prediction table's (read, last, by drafts; its writers hold it alone). The name map of
 //! namespaces comes before any history lock (and dropping a namespace only tries that lock,
 //! never waits for it under the map lock); the eviction ring's mutex is held alone.
 
@@ -20,10 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::arena::NONE;
-use crate::draft::{DraftTree, Sources};
+use crate::draft::{DraftTree, RecycleView, Sources};
 use crate::error::{Error, Result};
 use crate::evict::Budget;
 use crate::pool::Pool;
+use crate::recycle::{Recycled, ALONE, MAX_WIDTH};
 use crate::trie::{SortedWindows, Trie, ROOT};
 
 /// Tokens of one write-lock hold in `extend` / `add_history` / prompt merges.
@@ -80,7 +82,20 @@ pub struct Config {
     /// Context lengths `lo..=hi` at which drafts do not consult the shared history (`None`:
     /// at every length); see `Sources::history_answers`.
     pub history_skip: Option<(usize, usize)>,
+    /// Recycled predictions kept per key: the target's top-`recycle_k` next tokens handed to
+    /// `extend_predicted` (0: none kept, drafts come from the tries only).
+    pub recycle_k: usize,
+    /// Keys the recycled-prediction table holds at most, over all namespaces (its memory is
+    /// about `recycle_slots * (8 * recycle_k + 40)` bytes once full).
+    pub recycle_slots: usize,
+    /// A recycled token's score is `recycle_weight * p` (see `draft::RecycleView`).
+    pub recycle_weight: f64,
 }
+
+/// Default `recycle_slots`: 2**18 keys (about 25 MB at `recycle_k = 8`).
+pub const DEFAULT_RECYCLE_SLOTS: usize = 1 << 18;
+/// Largest `recycle_slots` accepted.
+pub const MAX_RECYCLE_SLOTS: usize = 1 << 28;
 
 impl Default for Config {
     fn default() -> Self {
@@ -93,6 +108,9 @@ impl Default for Config {
             background_indexing: true,
             index_threads: 0,
             history_skip: DEFAULT_HISTORY_SKIP,
+            recycle_k: 0,
+            recycle_slots: DEFAULT_RECYCLE_SLOTS,
+            recycle_weight: 0.5,
         }
     }
 }
@@ -128,6 +146,24 @@ impl Config {
         }
         if self.prompt_weight + self.output_weight <= 0.0 {
             return bad("prompt_weight and output_weight cannot both be 0".into());
+        }
+        if self.recycle_k > MAX_WIDTH {
+            return bad(format!(
+                "recycle_k must be in 0..={MAX_WIDTH}, got {}",
+                self.recycle_k
+            ));
+        }
+        if self.recycle_slots > MAX_RECYCLE_SLOTS {
+            return bad(format!(
+                "recycle_slots must be in 0..={MAX_RECYCLE_SLOTS}, got {}",
+                self.recycle_slots
+            ));
+        }
+        if !(0.0..=MAX_WEIGHT).contains(&self.recycle_weight) {
+            return bad(format!(
+                "recycle_weight must be in [0, {MAX_WEIGHT:e}], got {}",
+                self.recycle_weight
+            ));
         }
         if let Some((lo, hi)) = self.history_skip {
             if !(1 <= lo && lo <= hi && hi <= MAX_DEPTH) {
@@ -275,6 +311,8 @@ impl PromptSlot {
 
 pub struct Namespace {
     pub name: String,
+    /// Unique over the cache's life: the recycled predictions' key for this namespace.
+    pub id: u64,
     pub history: RwLock<Trie>,
     /// Live requests and running operations using it: only an unused namespace is dropped.
     users: AtomicUsize,
@@ -395,6 +433,11 @@ struct Shared {
     truncated_prompts: AtomicU64,
     in_flight: AtomicUsize,
     op_seq: AtomicU64,
+    /// Ids of namespaces created so far.
+    ns_seq: AtomicU64,
+    /// The target's recycled predictions, all namespaces' (keyed by namespace id). Its lock
+    /// is taken last (a draft reads it under its trie read locks) and writers hold it alone.
+    recycled: RwLock<Recycled>,
 }
 
 /// Marks an operation as running (for the exact checks of `check_invariants`).
@@ -437,6 +480,8 @@ pub struct Stats {
     pub misses: u64,
     pub evicted_nodes: u64,
     pub truncated_prompts: u64,
+    /// Keys in the recycled-prediction table (at most `recycle_slots`).
+    pub recycled_keys: u64,
 }
 
 impl Shared {
@@ -467,6 +512,7 @@ impl Shared {
         }
         let ns = Arc::new(Namespace {
             name: name.to_owned(),
+            id: self.ns_seq.fetch_add(1, Ordering::Relaxed),
             history: RwLock::new(Trie::new()),
             users: AtomicUsize::new(0),
             used_at: AtomicU64::new(now),
@@ -824,6 +870,7 @@ impl Cache {
         } else {
             None
         };
+        let recycled = RwLock::new(Recycled::new(cfg.recycle_k, cfg.recycle_slots));
         let shared = Arc::new(Shared {
             budget: Arc::new(Budget::new(cfg.capacity_nodes)),
             cfg,
@@ -836,6 +883,8 @@ impl Cache {
             truncated_prompts: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             op_seq: AtomicU64::new(0),
+            ns_seq: AtomicU64::new(0),
+            recycled,
         });
         drop(shared.use_namespace("default"));
         Ok(Cache {
@@ -918,6 +967,106 @@ impl Cache {
     pub fn extend(&self, rid: &RequestId, tokens: &[u32]) -> Result<()> {
         let req = self.request(rid)?;
         self.extend_req(&req, tokens)
+    }
+
+    /// `extend`, also keeping the target's predictions that chose each new token: row `j` of
+    /// `ids` / `probs` (`k` entries each, `tokens.len()` rows) is the target's top-`k` after
+    /// the context token before `tokens[j]`, kept under that token and under it with the one
+    /// before (see `recycle.rs`). Where `recycle_k` is 0 the rows are checked, not kept.
+    pub fn extend_predicted(
+        &self,
+        rid: &RequestId,
+        tokens: &[u32],
+        ids: &[u32],
+        probs: &[f32],
+        k: usize,
+    ) -> Result<()> {
+        let rows = tokens.len();
+        check_predictions(rows, ids, probs, k)?;
+        let req = self.request(rid)?;
+        let before = {
+            let st = lock(&req.state);
+            let n = st.tail.len();
+            [
+                n.checked_sub(2).map(|i| st.tail[i]),
+                st.tail.last().copied(),
+            ]
+        };
+        self.extend_req(&req, tokens)?;
+        // The token each row followed, and the one before it.
+        let keys = (0..rows).map(|j| match j {
+            0 => (before[0], before[1]),
+            1 => (before[1], Some(tokens[0])),
+            _ => (Some(tokens[j - 2]), Some(tokens[j - 1])),
+        });
+        self.recycle(&req, keys, ids, probs, k);
+        Ok(())
+    }
+
+    /// Keeps the target's top-`k` predictions after each of `toks` (row `j` of `ids` /
+    /// `probs`), kept under `toks[j]` and under `after[j], toks[j]` for request `rid`'s
+    /// namespace, without extending its context: for distributions computed outside the
+    /// accepted path (a prompt's prefill, the rejected nodes of a draft tree). `after`:
+    /// the token before each of `toks` (`None`: `toks` is a sequence, `toks[j - 1]`, and the
+    /// first row has only the token's key). Checked as in `extend_predicted`.
+    pub fn recycle_after(
+        &self,
+        rid: &RequestId,
+        toks: &[u32],
+        after: Option<&[u32]>,
+        ids: &[u32],
+        probs: &[f32],
+        k: usize,
+    ) -> Result<()> {
+        check_predictions(toks.len(), ids, probs, k)?;
+        if let Some(a) = after.filter(|a| a.len() != toks.len()) {
+            return Err(Error::InvalidInput(format!(
+                "{} tokens but {} tokens before them",
+                toks.len(),
+                a.len()
+            )));
+        }
+        let req = self.request(rid)?;
+        let keys = (0..toks.len()).map(|j| {
+            let prev = match after {
+                Some(a) => Some(a[j]),
+                None => j.checked_sub(1).map(|i| toks[i]),
+            };
+            (prev, Some(toks[j]))
+        });
+        self.recycle(&req, keys, ids, probs, k);
+        Ok(())
+    }
+
+    fn recycle(
+        &self,
+        req: &Request,
+        keys: impl Iterator<Item = (Option<u32>, Option<u32>)>,
+        ids: &[u32],
+        probs: &[f32],
+        k: usize,
+    ) {
+        let mut table = write(&self.shared.recycled);
+        if !table.enabled() {
+            return;
+        }
+        let ns = req.ns.id;
+        let mut row = Vec::with_capacity(k);
+        for (j, (prev, tok)) in keys.enumerate() {
+            let Some(tok) = tok else { continue };
+            row.clear();
+            let span = j * k..(j + 1) * k;
+            row.extend(
+                ids[span.clone()]
+                    .iter()
+                    .copied()
+                    .zip(probs[span].iter().copied()),
+            );
+            table.put((ns, ALONE, tok), &row);
+            if let Some(prev) = prev {
+                table.put((ns, prev, tok), &row);
+            }
+        }
     }
 
     /// `extend` for many requests: `tokens` is their new tokens one after another,
@@ -1045,8 +1194,19 @@ impl Cache {
                 current(&own_nodes, epochs[0], p.epoch),
                 current(&hist_nodes, epochs[1], h.epoch),
             ],
+            recycled: None,
+        };
+        let recycled = read(&self.shared.recycled);
+        let src = Sources {
+            recycled: (recycled.enabled() && !recycled.is_empty()).then_some(RecycleView {
+                table: &recycled,
+                namespace: req.ns.id,
+                weight: cfg.recycle_weight,
+            }),
+            ..src
         };
         let tree = src.draft(&tail, budget, multi_branch);
+        drop(recycled);
         drop(h);
         drop(p);
         COPY.set([tail, own_nodes, hist_nodes]);
@@ -1190,6 +1350,11 @@ impl Cache {
                 s.pending_prompts += 1;
             }
         }
+        {
+            let r = read(&self.shared.recycled);
+            s.recycled_keys = r.len() as u64;
+            s.bytes += r.bytes() as u64;
+        }
         // The per-trie sums are read one trie at a time, so under concurrent operations they
         // are no snapshot; the budget is (stored plus reserved nodes, never above capacity).
         s.nodes = self.shared.budget.used();
@@ -1199,6 +1364,9 @@ impl Cache {
     /// Checks every trie's structure and the capacity bound; when no other operation ran
     /// during the check, also that the budget accounts exactly for the stored nodes.
     pub fn check_invariants(&self) -> Result<()> {
+        read(&self.shared.recycled)
+            .check()
+            .map_err(|m| Error::Internal(format!("recycled predictions: {m}")))?;
         let seq0 = self.shared.op_seq.load(Ordering::Acquire);
         let idle0 = self.shared.in_flight.load(Ordering::Acquire) == 0;
         let mut nodes = 0;
@@ -1316,6 +1484,24 @@ fn check_namespace(name: &str) -> Result<()> {
         return Err(Error::InvalidInput(format!(
             "namespace names are at most {MAX_NAMESPACE_BYTES} bytes, got {}",
             name.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `rows` rows of `k >= 1` predictions, probabilities in [0, 1].
+fn check_predictions(rows: usize, ids: &[u32], probs: &[f32], k: usize) -> Result<()> {
+    if k == 0 || ids.len() != rows * k || probs.len() != rows * k {
+        return Err(Error::InvalidInput(format!(
+            "predictions must be {rows} rows (one per token) of k >= 1 entries, got {} ids \
+             and {} probabilities for k = {k}",
+            ids.len(),
+            probs.len()
+        )));
+    }
+    if let Some(p) = probs.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+        return Err(Error::InvalidInput(format!(
+            "prediction probabilities must lie in [0, 1], got {p}"
         )));
     }
     Ok(())
@@ -1652,5 +1838,66 @@ mod tests {
         c.check_invariants().unwrap();
         assert_eq!(c.stats().nodes, 0);
         assert_eq!(c.budget().used(), 0);
+    }
+
+    fn recycling(k: usize, slots: usize) -> Cache {
+        Cache::new(Config {
+            recycle_k: k,
+            recycle_slots: slots,
+            ..cfg(4, 1 << 20, false)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn recycled_predictions_draft_what_no_trie_holds() {
+        let rid = RequestId::Int(1);
+        let run = |c: &Cache| {
+            c.start_request(rid.clone(), vec![100, 101], "default")
+                .unwrap();
+            // The target chose 7 after 101 (8 its second guess), then 9 after 7.
+            c.extend_predicted(&rid, &[7, 9], &[7, 8, 9, 3], &[0.75, 0.25, 0.5, 0.5], 2)
+                .unwrap();
+            c.extend(&rid, &[5, 101]).unwrap();
+            c.draft(&rid, 4, true).unwrap()
+        };
+        let c = recycling(4, 64);
+        let d = run(&c);
+        // 8 never followed 101 in any text: only the recycled row after 101 offers it.
+        assert!(d.tokens[1..].contains(&8), "{d:?}");
+        assert!(d.tokens[1..].contains(&7), "{d:?}");
+        c.check_invariants().unwrap();
+        // Two keys per row (the token alone, and after the one before it).
+        assert_eq!(c.stats().recycled_keys, 4);
+        let off = recycling(0, 64);
+        let d = run(&off);
+        assert_eq!(off.stats().recycled_keys, 0);
+        assert!(!d.tokens[1..].contains(&8), "{d:?}");
+    }
+
+    #[test]
+    fn recycled_rows_are_checked_and_kept_apart_by_namespace() {
+        let c = recycling(2, 16);
+        let a = RequestId::Int(1);
+        let b = RequestId::Int(2);
+        c.start_request(a.clone(), vec![1, 2], "x").unwrap();
+        c.start_request(b.clone(), vec![1, 2], "y").unwrap();
+        for bad in [
+            c.extend_predicted(&a, &[3], &[4], &[0.5, 0.5], 1),
+            c.extend_predicted(&a, &[3], &[4, 5], &[0.5, 1.5], 2),
+            c.extend_predicted(&a, &[3], &[], &[], 0),
+            c.extend_predicted(&a, &[3], &[4], &[f32::NAN], 1),
+        ] {
+            assert!(matches!(bad, Err(Error::InvalidInput(_))), "{bad:?}");
+        }
+        // The row after token 2 (the one before the new token 3).
+        c.extend_predicted(&a, &[3], &[4], &[0.9], 1).unwrap();
+        c.extend(&a, &[9, 2]).unwrap();
+        c.extend(&b, &[3, 9, 2]).unwrap();
+        let da = c.draft(&a, 4, false).unwrap();
+        let db = c.draft(&b, 4, false).unwrap();
+        assert_eq!(da.tokens[1], 4, "{da:?}");
+        assert!(!db.tokens.contains(&4), "{db:?}");
+        c.check_invariants().unwrap();
     }
 }

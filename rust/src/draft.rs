@@ -29,6 +29,7 @@
 use std::collections::BinaryHeap;
 
 use crate::arena::NONE;
+use crate::recycle::Recycled;
 use crate::trie::{Side, Trie, SIDE_AT, TOP_K};
 
 /// Backoff at the root: after the candidates of the context's matched n-gram `p` come those
@@ -50,6 +51,27 @@ pub const BACKOFF_TOP: usize = SIDE_AT;
 /// does not continue the n-gram.
 pub type State = [u32; 3];
 const EMPTY: State = [NONE, NONE, 0];
+/// The child state of a candidate no trie continues (a recycled prediction): expanding it
+/// matches the context + path afresh.
+const FRESH: State = [NONE, NONE, u32::MAX];
+
+/// Recycled predictions join the candidates of a node only where the tries continue an
+/// n-gram of at most this many tokens (or none): a longer match is a copy that the target's
+/// predictions after one or two tokens would only crowd out. Simulator, B = 16, 120 traces
+/// (BENCHMARKS.md, "Recycled predictions"): 2.843 tokens per step at every node, 2.916 here
+/// (the tries alone: 2.794); translation 3.553 at every node, 3.796 here (alone: 3.765).
+pub const RECYCLE_MAX_MATCH: usize = 3;
+
+/// The recycled predictions a draft reads (see `recycle.rs`) and how to weigh them.
+pub struct RecycleView<'a> {
+    pub table: &'a Recycled,
+    /// The namespace the rows were written under.
+    pub namespace: u64,
+    /// A recycled token's score is `weight * p` (capped at 1), `p` the target's probability
+    /// when it last followed the same key; beside a trie continuation of the same token the
+    /// higher of the two scores counts.
+    pub weight: f64,
+}
 
 /// The tries a draft reads and how to weigh them.
 pub struct Sources<'a> {
@@ -65,6 +87,9 @@ pub struct Sources<'a> {
     /// Context lengths `lo..=hi` at which the history does not take part (see
     /// `history_answers`); `None`: it takes part at every length.
     pub history_skip: Option<(usize, usize)>,
+    /// The target's recycled predictions, offered beside the tries' continuations at every
+    /// node (`None`: trie drafts only).
+    pub recycled: Option<RecycleView<'a>>,
 }
 
 /// A draft tree: node 0 is the root (last context token), `parents[0] == -1`.
@@ -552,7 +577,7 @@ impl Sources<'_> {
     /// Continuations of draft node `i` of `tree`: those of its state, or, where that state
     /// has none (a window's end), those of a fresh match on context + path to `i`; at the
     /// root, followed by the backoff levels (see `BACKOFF_MIN_MASS`). Best first, at most
-    /// `room`.
+    /// `room`. Returns the length of the n-gram whose continuations they are (0: none).
     #[allow(clippy::too_many_arguments)]
     fn expand(
         &self,
@@ -563,15 +588,15 @@ impl Sources<'_> {
         room: usize,
         scratch: &mut Scratch,
         out: &mut Vec<Cand>,
-    ) {
+    ) -> usize {
         if let Some(st) = st {
             let (mass, every) = self.candidates(st, room, scratch, out);
             if i == 0 {
                 self.back_off(ctx, st, mass, every, room, scratch, out);
-                return;
+                return st[2] as usize;
             }
             if !out.is_empty() {
-                return;
+                return st[2] as usize;
             }
         }
         // The last `max_depth - 1` tokens of context + path to `i`, collected backwards.
@@ -590,7 +615,7 @@ impl Sources<'_> {
         scratch.buf = buf;
         let Some(st) = matched else {
             out.clear();
-            return;
+            return 0;
         };
         // Fresh matches of one draft often land on the same (short) suffix: reuse its list
         // when it was computed for at least `room` entries (or was complete).
@@ -599,7 +624,7 @@ impl Sources<'_> {
                 out.clear();
                 let cands = &scratch.memo_cands[span.clone()];
                 out.extend(cands.iter().take(room).copied());
-                return;
+                return st[2] as usize;
             }
         }
         self.candidates(st, room, scratch, out);
@@ -607,6 +632,7 @@ impl Sources<'_> {
         scratch.memo_cands.extend_from_slice(out);
         let span = start..scratch.memo_cands.len();
         scratch.memo.push((st, room, span));
+        st[2] as usize
     }
 
     /// Adds to `out` (the root's candidates: those of `st`, a suffix of `ctx`, whose scores
@@ -717,7 +743,7 @@ impl Sources<'_> {
         tree.parents.push(-1);
         tree.scores.push(1.0);
         let root_state = self.match_suffix(ctx);
-        if root_state.is_none() {
+        if root_state.is_none() && !self.recycles_after(ctx) {
             return tree;
         }
         let (mut scratch, mut bufs) = BUFFERS.take();
@@ -737,6 +763,60 @@ impl Sources<'_> {
             BUFFERS.set((scratch, bufs));
         }
         tree
+    }
+
+    /// Whether the recycled predictions hold a row for the context's last token.
+    fn recycles_after(&self, ctx: &[u32]) -> bool {
+        self.recycled.as_ref().is_some_and(|r| {
+            let prev = ctx.len().checked_sub(2).map(|i| ctx[i]);
+            r.table
+                .lookup(r.namespace, prev, ctx[ctx.len() - 1])
+                .is_some()
+        })
+    }
+
+    /// Adds to `out` (node `i`'s trie candidates, best first, continuing an n-gram of
+    /// `matched` tokens) the recycled predictions that followed node `i`'s token (after its
+    /// parent's, where that pair has a row), scored `weight * p`, if `matched` is at most
+    /// `RECYCLE_MAX_MATCH`; a token both offer keeps the higher score and the trie's state.
+    /// Keeps the best `room`.
+    fn add_recycled(
+        &self,
+        ctx: &[u32],
+        tree: &DraftTree,
+        i: usize,
+        matched: usize,
+        room: usize,
+        out: &mut Vec<Cand>,
+    ) {
+        let Some(r) = &self.recycled else {
+            return;
+        };
+        let tok = tree.tokens[i];
+        let prev = if i == 0 {
+            ctx.len().checked_sub(2).map(|j| ctx[j])
+        } else {
+            Some(tree.tokens[tree.parents[i] as usize])
+        };
+        if matched > RECYCLE_MAX_MATCH {
+            return;
+        }
+        let Some((ids, probs, _)) = r.table.lookup(r.namespace, prev, tok) else {
+            return;
+        };
+        let trie_cands = out.len();
+        for (&t, &p) in ids.iter().zip(probs) {
+            let score = (r.weight * f64::from(p)).min(1.0);
+            match out[..trie_cands].iter_mut().find(|c| c.token == t) {
+                Some(c) => c.score = c.score.max(score),
+                None => out.push(Cand {
+                    token: t,
+                    score,
+                    child: FRESH,
+                }),
+            }
+        }
+        keep_best(out, room);
     }
 
     /// The body of `draft` once the root matched: adds up to `budget` nodes to `tree`.
@@ -765,7 +845,8 @@ impl Sources<'_> {
             let mut st = root_state;
             let mut i = 0;
             while tree.num_nodes() <= budget {
-                self.expand(ctx, tree, i, st, 1, scratch, cands);
+                let m = self.expand(ctx, tree, i, st, 1, scratch, cands);
+                self.add_recycled(ctx, tree, i, m, 1, cands);
                 let Some(best) = cands.first().copied() else {
                     break;
                 };
@@ -775,7 +856,7 @@ impl Sources<'_> {
                 tree.scores.push(p as f32);
                 probs.push(p);
                 i = tree.num_nodes() - 1;
-                st = Some(best.child);
+                st = (best.child != FRESH).then_some(best.child);
             }
             return;
         }
@@ -790,7 +871,8 @@ impl Sources<'_> {
                 pending.push((parent as u32, *c));
             }
         };
-        self.expand(ctx, tree, 0, root_state, budget, scratch, cands);
+        let m = self.expand(ctx, tree, 0, root_state, budget, scratch, cands);
+        self.add_recycled(ctx, tree, 0, m, budget, cands);
         push_children(heap, pending, cands, 0, 1.0, budget);
         while tree.num_nodes() <= budget {
             let Some(k) = heap.pop() else {
@@ -807,7 +889,9 @@ impl Sources<'_> {
             if room == 0 {
                 break;
             }
-            self.expand(ctx, tree, i, Some(cand.child), room, scratch, cands);
+            let st = (cand.child != FRESH).then_some(cand.child);
+            let m = self.expand(ctx, tree, i, st, room, scratch, cands);
+            self.add_recycled(ctx, tree, i, m, room, cands);
             push_children(heap, pending, cands, i, prob, room);
         }
     }
@@ -835,6 +919,7 @@ mod tests {
             max_depth: depth,
             suffixes: [&[], &[]],
             history_skip: None,
+            recycled: None,
         }
     }
 
@@ -908,6 +993,7 @@ mod tests {
                 max_depth: 4,
                 suffixes: [&[], &[]],
                 history_skip: None,
+                recycled: None,
             };
             let mut scratch = Scratch::default();
             for ctx_len in [1usize, 2, 3] {

@@ -9,6 +9,7 @@ pub mod error;
 pub mod evict;
 pub mod persist;
 mod pool;
+pub mod recycle;
 pub mod trie;
 
 #[cfg(feature = "python")]

@@ -387,6 +387,8 @@ fn read_body<R: Read>(
         background_indexing: background_indexing.unwrap_or(bg != 0),
         index_threads: index_threads.unwrap_or(0),
         history_skip,
+        // Recycled predictions are not saved: a loaded cache keeps none.
+        ..Config::default()
     };
     let cache = Cache::new(cfg).map_err(|e| match e {
         Error::InvalidInput(m) => r.damaged(&format!("it holds a bad configuration: {m}")),

@@ -58,7 +58,17 @@ fn worker(c: &Cache, seed: u64, deadline: Instant, capacity: u64) -> u64 {
         };
         let r = match rng.below(9) {
             0 | 1 => c.start_request(rid, rng.tokens(200, 8), ns[rng.below(3) as usize]),
-            2 | 3 => c.extend(&rid, &rng.tokens(6, 8)),
+            2 => c.extend(&rid, &rng.tokens(6, 8)),
+            3 => {
+                let toks = rng.tokens(6, 8);
+                let k = 1 + rng.below(3) as usize;
+                let ids = rng.tokens(0, 8);
+                let ids: Vec<u32> = (0..toks.len() * k)
+                    .map(|i| ids.get(i).copied().unwrap_or(rng.below(8) as u32))
+                    .collect();
+                let probs: Vec<f32> = (0..ids.len()).map(|_| rng.below(5) as f32 / 4.0).collect();
+                c.extend_predicted(&rid, &toks, &ids, &probs, k)
+            }
             4 | 5 => c
                 .draft(&rid, 1 + rng.below(40) as usize, rng.below(2) == 0)
                 .map(|d| {
@@ -117,6 +127,9 @@ fn fuzz_random_operations_from_threads() {
             background_indexing: rng.below(3) != 0,
             index_threads: 1 + rng.below(2) as usize,
             history_skip: [None, Some((3, 6)), Some((1, 2))][rng.below(3) as usize],
+            recycle_k: [0, 1, 4][rng.below(3) as usize],
+            recycle_slots: [1, 16, 1000][rng.below(3) as usize],
+            recycle_weight: [0.5, 1.0][rng.below(2) as usize],
         };
         let c = Arc::new(Cache::new(cfg).unwrap());
         let round_end = (Instant::now() + Duration::from_millis(300)).min(deadline);

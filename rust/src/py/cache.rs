@@ -11,7 +11,9 @@ use pyo3::types::PyDict;
 use super::args;
 use super::draft::{to_py, PyDraft};
 use super::errors::to_pyerr;
-use crate::cache::{panic_message, Cache, Config, DEFAULT_HISTORY_SKIP, MAX_BUDGET};
+use crate::cache::{
+    panic_message, Cache, Config, DEFAULT_HISTORY_SKIP, DEFAULT_RECYCLE_SLOTS, MAX_BUDGET,
+};
 use crate::error::{Error, Result};
 
 /// Most entries (requests x width) of one `draft_batch` result: its arrays are allocated up
@@ -47,7 +49,7 @@ pub struct PyCache {
 impl PyCache {
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (max_depth, capacity_nodes, prompt_weight, output_weight, keep_prompt_as_history, background_indexing, index_threads=0, history_skip=DEFAULT_HISTORY_SKIP))]
+    #[pyo3(signature = (max_depth, capacity_nodes, prompt_weight, output_weight, keep_prompt_as_history, background_indexing, index_threads=0, history_skip=DEFAULT_HISTORY_SKIP, recycle_k=0, recycle_slots=DEFAULT_RECYCLE_SLOTS, recycle_weight=0.5))]
     fn new(
         py: Python<'_>,
         max_depth: usize,
@@ -58,8 +60,14 @@ impl PyCache {
         background_indexing: bool,
         index_threads: usize,
         history_skip: Option<(usize, usize)>,
+        recycle_k: usize,
+        recycle_slots: usize,
+        recycle_weight: f64,
     ) -> PyResult<Self> {
         let cfg = Config {
+            recycle_k,
+            recycle_slots,
+            recycle_weight,
             max_depth,
             capacity_nodes,
             prompt_weight,
@@ -86,6 +94,9 @@ impl PyCache {
         d.set_item("background_indexing", c.background_indexing)?;
         d.set_item("index_threads", c.index_threads)?;
         d.set_item("history_skip", c.history_skip)?;
+        d.set_item("recycle_k", c.recycle_k)?;
+        d.set_item("recycle_slots", c.recycle_slots)?;
+        d.set_item("recycle_weight", c.recycle_weight)?;
         Ok(d)
     }
 
@@ -125,6 +136,47 @@ impl PyCache {
             py.check_signals()?;
         }
         Ok(())
+    }
+
+    /// `extend` with the target's top-`k` predictions of each new token: `ids` (uint32) and
+    /// `probs` (float32), C-contiguous, `len(tokens) * k` each, row by row.
+    fn extend_predicted(
+        &self,
+        py: Python<'_>,
+        rid: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        ids: PyReadonlyArray1<'_, u32>,
+        probs: PyReadonlyArray1<'_, f32>,
+        k: usize,
+    ) -> PyResult<()> {
+        let rid = args::rid(rid)?;
+        let tokens = args::token_ids(tokens, "new_token_ids")?;
+        let (ids, probs) = (ids.as_slice()?, probs.as_slice()?);
+        run(py, || {
+            self.inner.extend_predicted(&rid, &tokens, ids, probs, k)
+        })
+    }
+
+    /// `Cache::recycle_after`; `ids` / `probs` as in `extend_predicted`.
+    #[allow(clippy::too_many_arguments)]
+    fn recycle_after(
+        &self,
+        py: Python<'_>,
+        rid: &Bound<'_, PyAny>,
+        toks: &Bound<'_, PyAny>,
+        after: Option<&Bound<'_, PyAny>>,
+        ids: PyReadonlyArray1<'_, u32>,
+        probs: PyReadonlyArray1<'_, f32>,
+        k: usize,
+    ) -> PyResult<()> {
+        let rid = args::rid(rid)?;
+        let toks = args::token_ids(toks, "token_ids")?;
+        let after = after.map(|a| args::token_ids(a, "after")).transpose()?;
+        let (ids, probs) = (ids.as_slice()?, probs.as_slice()?);
+        run(py, || {
+            self.inner
+                .recycle_after(&rid, &toks, after.as_deref(), ids, probs, k)
+        })
     }
 
     /// `extend` for many requests in one call (one GIL release).
@@ -301,6 +353,7 @@ impl PyCache {
         d.set_item("misses", s.misses)?;
         d.set_item("evicted_nodes", s.evicted_nodes)?;
         d.set_item("truncated_prompts", s.truncated_prompts)?;
+        d.set_item("recycled_keys", s.recycled_keys)?;
         Ok(d)
     }
 
