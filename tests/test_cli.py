@@ -82,6 +82,20 @@ def test_more_bad_values_refused_before_the_model_loads(tmp_path, monkeypatch, c
         e2e.main(["--max-new-tokens", "0"])
     with pytest.raises(SystemExit):
         e2e.main(["--per-category", "0"])
+    with pytest.raises(SystemExit):
+        e2e.main(["--recycle", "all"])
+
+
+def test_recycle_reaches_the_engine(monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli, "_generate", lambda args: seen.append(args.recycle) or 0)
+    for flag in ("off", "on", "path"):
+        assert cli.main(["generate", "--prompt", "x", "--recycle", flag]) == 0
+    from lookahead.recycling import RECYCLE_MODES
+
+    assert [RECYCLE_MODES[f] for f in seen] == [False, True, "path"]
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--prompt", "x", "--recycle", "yes"])
 
 
 def test_interrupt_exits_130(monkeypatch, capsys):

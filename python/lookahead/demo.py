@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+from lookahead.recycling import RECYCLE_MODES
+
 DEFAULT_CATEGORIES = ("rag", "summarization")
 DEFAULT_COUNT = 4
 
@@ -181,6 +183,7 @@ def run(
     depth=12,
     multi_branch=True,
     min_draft_score=None,
+    recycle=False,
     pld=True,
     bound=None,
 ):
@@ -200,6 +203,7 @@ def run(
         depth=depth,
         multi_branch=multi_branch,
         min_draft_score=min_draft_score,
+        recycle=recycle,
     )
     # The engine refuses such a prompt too, but only when its turn comes: the rows before it
     # would be lost.
@@ -432,6 +436,7 @@ def main(args) -> int:
         depth=args.depth,
         multi_branch=not args.single_branch,
         min_draft_score=getattr(args, "min_draft_score", None),
+        recycle=RECYCLE_MODES[getattr(args, "recycle", "off")],
         pld=pld,
         bound=bound,
     )

@@ -39,6 +39,7 @@ from lookahead.kv import (
     last_logits_only,
     new_cache,
 )
+from lookahead.recycling import RECYCLE_K, prefill_with_rows, top_rows
 from lookahead.sampling import SamplingConfig, node_scores
 
 # The widest draft the cost-aware choice considers (nodes besides the root); the measured
@@ -292,6 +293,14 @@ class LookaheadGenerator:
     defaults. A `CostModel` measured to fewer rows than `AUTO_MAX_NODES + 1` caps drafts at
     its widest row less the root. `depth` is the longest stored n-gram (used when `cache` is
     None).
+
+    `recycle` hands the cache the target's top predictions from the forwards it already runs
+    (`lookahead.recycling`): True: after each of the prompt's last 512 tokens (the prefill
+    then computes their logits) and every node of each verified tree; "path": the prompt and the
+    accepted path only (what the acceptance simulator can replay); False: none. A cache
+    built here keeps `RECYCLE_K` per key with it; a `cache` given must have been built with
+    `recycle_k > 0` for it. None (default): whatever `cache` keeps (off for a cache built
+    here).
     """
 
     def __init__(
@@ -306,8 +315,11 @@ class LookaheadGenerator:
         multi_branch: bool = True,
         min_draft_score: float | None = None,
         cost_model=_UNSET,
+        recycle: bool | str | None = None,
     ):
         check_model_supports_kv(model)
+        if recycle not in (None, False, True, "path"):
+            raise ValueError(f"recycle must be None, False, True or 'path', got {recycle!r}")
         self._prefill_kw = last_logits_only(model)
         attn = getattr(model.config, "_attn_implementation", None)
         if attn not in ("sdpa", "eager"):
@@ -333,7 +345,14 @@ class LookaheadGenerator:
         if cache is None:
             from lookahead import LookaheadCache
 
-            cache = LookaheadCache(max_depth=depth)
+            cache = LookaheadCache(max_depth=depth, recycle_k=RECYCLE_K if recycle else 0)
+        # A stand-in without `config` (tests, a custom drafter) keeps no predictions.
+        kept = int(getattr(cache, "config", {}).get("recycle_k", 0))
+        if recycle and not kept:
+            raise ValueError("recycle needs a cache built with recycle_k > 0")
+        # Top predictions handed to the cache per row (0: none), and whether off-path nodes'.
+        self._recycle_k = kept if recycle is not False else 0
+        self._recycle_tree = recycle is not False and recycle != "path"
         self.cache = cache
         dtype = next(model.parameters()).dtype
         self.cost_aware = cost_model is not None
@@ -636,7 +655,14 @@ class LookaheadGenerator:
         base_budget, budget = budgets  # `budget`: the widest a step may draft
         check_cache_layers(kv, len(ids) + max_new + budget + 1)
         seq_len = len(ids) - 1
-        if seq_len > 0:
+        recycle_k = self._recycle_k
+        if seq_len > 0 and recycle_k:
+            # The rows after the prompt's tokens (its last one's comes from the tree forward).
+            first, top_ids, top_p = prefill_with_rows(
+                model, kv, ids[:-1], recycle_k, vocab, self._prefill_kw
+            )
+            self.cache.recycle(rid, ids[first:-1], top_ids, top_p)
+        elif seq_len > 0:
             # The prompt's last token is the first root: its logits come from the tree forward.
             prompt_t = torch.tensor([ids[:-1]], dtype=torch.long, device=dev)
             model(input_ids=prompt_t, past_key_values=kv, use_cache=True, **self._prefill_kw)
@@ -747,6 +773,22 @@ class LookaheadGenerator:
             n_acc = int(res.num_accepted[0])
             path = res.accepted_nodes[0, : n_acc + 1].tolist()
             emitted = tokens[0, path[1:]].tolist() + [int(res.bonus[0])]
+            rows = None
+            if recycle_k:
+                rows = top_rows(scores, recycle_k, probs if cfg.do_sample else None)
+                if self._recycle_tree and n > len(path):
+                    # The rejected nodes' rows first: the path's, written after, win a key
+                    # both have.
+                    off = np.setdiff1d(np.arange(1, n), path)
+                    node_tokens = d_tokens.astype(np.int64)
+                    self.cache.recycle(
+                        rid,
+                        node_tokens[off],
+                        rows[0][off],
+                        rows[1][off],
+                        after=node_tokens[np.asarray(d_parents, dtype=np.int64)[off]],
+                    )
+                rows = (rows[0][path], rows[1][path])
             if drafted is not None:  # what each drafted node's score was worth
                 if cfg.do_sample:  # an accepted path says nothing of nodes not verified
                     took = np.zeros(n - 1)
@@ -804,9 +846,10 @@ class LookaheadGenerator:
             if cut is not None:
                 # The final tokens still join the request's output (shared history on finish).
                 if len(out) > start:
-                    self.cache.extend(rid, out[start:])
+                    kept_rows = () if rows is None else (r[: len(out) - start] for r in rows)
+                    self.cache.extend(rid, out[start:], *kept_rows)
                 return out, reason
-            self.cache.extend(rid, emitted)
+            self.cache.extend(rid, emitted, *(rows or ()))
             root = emitted[-1]
             if seen is not None:
                 seen[torch.tensor(emitted, device=dev)] = True
@@ -817,9 +860,9 @@ def generate(model, prompt, tokenizer=None, **kwargs) -> GenerationResult:
     """One-shot lookahead generation (a fresh `LookaheadGenerator`; see its `generate`).
 
     Generator options (`cache`, `depth`, `budget`, `max_budget`, `min_draft_score`,
-    `cost_model`) are taken from `kwargs` too.
+    `cost_model`, `recycle`) are taken from `kwargs` too.
     """
     # `budget` too: given to `generate` it would be a fixed width, ignoring `max_budget`.
-    opts = ("cache", "depth", "budget", "max_budget", "min_draft_score", "cost_model")
+    opts = ("cache", "depth", "budget", "max_budget", "min_draft_score", "cost_model", "recycle")
     gen_kw = {k: kwargs.pop(k) for k in opts if k in kwargs}
     return LookaheadGenerator(model, tokenizer, **gen_kw).generate(prompt, **kwargs)

@@ -6,7 +6,9 @@ decoding (`generate(prompt_lookup_num_tokens=10)`), lookahead as shipped
 (`lookahead.engine.LookaheadGenerator`: drafts sized by the measured cost of rows, one cache
 kept across the prompts, as a server keeps it; `--fresh-cache`: a new cache per prompt) and
 lookahead with each fixed draft policy of `--fixed` (budget/max_budget/min_draft_score, each
-with its own cache). All run interleaved per prompt, in an order rotated from prompt to
+with its own cache), and the shipped policy with the target's recycled predictions
+(`--recycle on,path`: every tree node's and the prompt's, or the accepted path's and the
+prompt's; each with its own cache). All run interleaved per prompt, in an order rotated from prompt to
 prompt, so machine drift hits all alike. Reports tokens/s and speed-up over plain decoding
 per category, each lookahead's ratio to prompt lookup, tokens per forward and how many
 nodes its steps verified, and whether each method's tokens equal plain greedy decoding's.
@@ -93,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fixed draft policies run beside, budget/max_budget/min_draft_score, comma-"
         f"separated ('' for none; default {FIXED_DEFAULT}, the defaults before cost-aware drafts)",
     )
+    p.add_argument(
+        "--recycle",
+        default="",
+        help="also run lookahead with recycled predictions: comma-separated modes, 'on' (every "
+        "tree node and the prompt) and/or 'path' (the accepted path and the prompt)",
+    )
     p.add_argument("--fresh-cache", action="store_true", help="a new lookahead cache per prompt")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw the tables as a PNG")
@@ -108,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         fixed = fixed_policies(args.fixed)
     except ValueError as err:
         p.error(str(err))
+    recycle = [m for m in (x.strip() for x in args.recycle.split(",")) if m]
+    if any(m not in ("on", "path") for m in recycle):
+        p.error(f"--recycle takes 'on' and/or 'path', got {args.recycle!r}")
 
     import torch
     from tqdm import tqdm
@@ -135,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     policies = {"lookahead": given}
     for b, m, sc in fixed:
         policies[f"fixed {b}/{m}/{sc:g}"] = dict(budget=b, max_budget=m, min_draft_score=sc)
+    for mode in recycle:
+        name = "lookahead +recycled" + (" path" if mode == "path" else "")
+        policies[name] = dict(given, recycle=True if mode == "on" else "path")
     methods = ["plain", "pld", *policies]
     gens = {
         name: (None if args.fresh_cache else LookaheadGenerator(model, tok, **kw))
@@ -148,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     def one_shot(method) -> dict:
         """Generator options of a lookahead method run by `lookahead_generate`: the shipped
         one reuses the curve measured above rather than measuring per prompt."""
-        if method == "lookahead" and costs is not None:
+        if method.startswith("lookahead") and costs is not None:
             return dict(policies[method], cost_model=costs)
         return policies[method]
 
