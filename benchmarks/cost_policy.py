@@ -29,11 +29,13 @@ from lookahead.bench.traces import (
     CATEGORIES,
     DEFAULT_OUT,
     DEFAULT_QUESTIONS,
+    P16_SCALE,
     read_traces,
     select_questions,
 )
 from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes, greedy_outcomes
 from lookahead.engine import AUTO_MAX_NODES, DEEP_ACCEPT
+from lookahead.recycling import RECYCLE_K, RECYCLE_PROMPT_ROWS
 
 # Forward ms by rows of the default model at ~700 cached tokens, recorded on machines of
 # this project: an AVX2-only CPU in fp32 (BENCHMARKS.md, demo section), a CPU with
@@ -56,20 +58,32 @@ RECORDED = {
 FIXED = [(8, 16, 0.85), (4, 8, 0.5), (8, 16, 0.3), (16, 16, 0.3), (16, 32, 0.5)]
 
 
-def replay_ours(traces, curve_at, policy):
+def replay_ours(traces, curve_at, policy, recycle=False):
     """Per category: [emitted tokens, model seconds, steps] of `policy` over the traces:
     ("fixed", budget, max_budget, gate) or ("cost", widest). The cost-aware one learns as
     the engine does in greedy decoding: from every node of the draft whose outcome the
     verify of its prefix decides (`greedy_outcomes`), in the regime of the previous step's
-    would-be accepted length."""
-    cache = LookaheadCache(background_indexing=False)
+    would-be accepted length. `recycle`: the cache also gets the traces' top-k rows as the
+    engine's `recycle="path"` hands them over (the prompt's last `RECYCLE_PROMPT_ROWS`, then
+    each step's verified ones); the rejected nodes' rows, which `recycle=True` adds, are not
+    in a recording."""
+    cache = LookaheadCache(background_indexing=False, recycle_k=RECYCLE_K if recycle else 0)
     cal = AcceptanceCalibration()
     out = defaultdict(lambda: [0, 0.0, 0])
     for rid, req in enumerate(traces):
         prompt = np.asarray(req["prompt_ids"], dtype=np.int32)
         output = np.asarray(req["output_ids"], dtype=np.int32)
         cache.start_request(rid, prompt)
-        cache.extend(rid, output[:1])
+        rows = None
+        if recycle:
+            rows = (
+                np.asarray(req["topk_ids"], dtype=np.uint32),
+                np.asarray(req["topk_p16"], dtype=np.float32) / P16_SCALE,
+            )
+            first = max(0, prompt.shape[0] - 1 - RECYCLE_PROMPT_ROWS)
+            end = prompt.shape[0] - 1
+            cache.recycle(rid, prompt[first:end], rows[0][first:end], rows[1][first:end])
+        _extend(cache, rid, rows, output[:1], prompt.shape[0] - 1)
         pos, last, t, steps = 1, 0, 0.0, 0
         while pos < output.shape[0]:
             ctx = prompt.shape[0] + pos
@@ -96,12 +110,21 @@ def replay_ours(traces, curve_at, policy):
                 last = int(took.sum())  # what the whole draft would have accepted
             else:
                 last = a
-            cache.extend(rid, output[pos : pos + a + 1])
+            _extend(cache, rid, rows, output[pos : pos + a + 1], prompt.shape[0] + pos - 1)
             pos += a + 1
             steps += 1
         cache.finish_request(rid)
         _tally(out, req, t, steps)
     return out
+
+
+def _extend(cache, rid, rows, new, at) -> None:
+    """`cache.extend(rid, new)`, with the rows of the verified tokens if `rows` (row `at`
+    chose `new[0]`), as the engine hands them over."""
+    if rows is None:
+        cache.extend(rid, new)
+    else:
+        cache.extend(rid, new, rows[0][at : at + len(new)], rows[1][at : at + len(new)])
 
 
 def _tally(out, req, seconds, steps) -> None:
@@ -171,6 +194,10 @@ def main() -> None:
     print(f"curve {name}: " + " ".join(f"W={w} {c700[w] / c700[1]:.2f}x" for w in model.widths))
     runs = {"PLD 10": replay_pld(traces, model.curve)}
     runs["cost-aware"] = replay_ours(traces, model.curve, ("cost", AUTO_MAX_NODES))
+    if all("topk_ids" in r for r in traces):
+        runs["cost-aware +recycled"] = replay_ours(
+            traces, model.curve, ("cost", AUTO_MAX_NODES), recycle=True
+        )
     for b, m, g in FIXED:
         runs[f"fixed {b}/{m}/{g:g}"] = replay_ours(traces, model.curve, ("fixed", b, m, g))
     one_row = {}
@@ -202,13 +229,15 @@ def main() -> None:
             + "".join(f"{speed(res, groups[c]):>13.3f}" for c in cols)
             + f"{toks / steps:>10.2f}"
         )
-    for ref in ("PLD 10", "fixed 8/16/0.85"):
-        print(f"cost-aware / {ref}")
+    pairs = [("cost-aware", "PLD 10"), ("cost-aware", "fixed 8/16/0.85")]
+    if "cost-aware +recycled" in runs:
+        pairs.append(("cost-aware +recycled", "cost-aware"))
+    for num, ref in pairs:
+        print(f"{num} / {ref}")
         print(
             f"{'':<22}"
             + "".join(
-                f"{speed(runs['cost-aware'], groups[c]) / speed(runs[ref], groups[c]):>13.3f}"
-                for c in cols
+                f"{speed(runs[num], groups[c]) / speed(runs[ref], groups[c]):>13.3f}" for c in cols
             )
         )
 

@@ -334,3 +334,126 @@ def test_traces_refuses_bad_exclude_files_before_the_model_loads(tmp_path, monke
     ):
         with pytest.raises(SystemExit, match=match):
             traces.main([*base, "--exclude", str(bad)])
+
+
+def _with_topk(path, k=3, seed=0):
+    """The traces at `path` with synthetic top-k rows (row i: after token i; its top-1 the
+    next token, as a greedy trace's is)."""
+    rng = np.random.default_rng(seed)
+    rows = read_traces(path)
+    for r in rows:
+        full = r["prompt_ids"] + r["output_ids"]
+        ids = [
+            [full[i + 1], *rng.integers(3, 40, size=k - 1).tolist()] for i in range(len(full) - 1)
+        ]
+        r["topk_ids"] = ids
+        r["topk_p16"] = [[40000, 10000, 5000][:k] for _ in ids]
+    traces.write_traces(path, rows)
+    return read_traces(path)
+
+
+class _Spy:
+    """A recycling drafter that checks it is handed only the rows of verified positions."""
+
+    name = "spy"
+    recycles = True
+    recycles_prompt = True
+
+    def __init__(self, rows, prompt_rows):
+        self.rows = rows
+        self.prompt_rows = prompt_rows
+        self.seen = 0
+
+    def start_request(self, rid, prompt, predictions=None):
+        ids, p = predictions
+        # The prefill's rows of the last prompt tokens, not the last token's.
+        n = min(self.prompt_rows, len(prompt) - 1)
+        want = self.rows[rid]["topk_ids"][len(prompt) - 1 - n : len(prompt) - 1]
+        assert np.array_equal(ids, np.asarray(want))
+
+    def draft(self, rid, context, budget):
+        return [], []
+
+    def extend(self, rid, context, new_tokens, predictions):
+        ids, p = predictions
+        at = len(context) - 1  # row `at` chose the first new token
+        assert np.array_equal(
+            ids, np.asarray(self.rows[rid]["topk_ids"][at : at + len(new_tokens)])
+        )
+        assert np.allclose(
+            p, np.asarray(self.rows[rid]["topk_p16"][at : at + len(new_tokens)]) / traces.P16_SCALE
+        )
+        assert np.array_equal(ids[:, 0], new_tokens)  # each row chose its token
+        self.seen += len(new_tokens)
+
+    def finish_request(self, rid):
+        pass
+
+
+@pytest.mark.parametrize("prompt_rows", [10, 512])
+def test_a_recycling_replay_is_handed_only_verified_rows(tmp_path, monkeypatch, prompt_rows):
+    monkeypatch.setattr(accept, "RECYCLE_PROMPT_ROWS", prompt_rows)
+    path = tmp_path / "t.jsonl.gz"
+    _write_traces(path, n=3)
+    rows = _with_topk(path)
+    spy = _Spy(rows, prompt_rows)
+    accept.run_drafter(spy, rows, accept.oracle_tables(rows, 8), 8)
+    assert spy.seen == sum(len(r["output_ids"]) for r in rows)
+
+
+def test_ours_recycled_replays_and_needs_top_k(tmp_path):
+    path = tmp_path / "t.jsonl.gz"
+    _write_traces(path, n=3)
+    with pytest.raises(SystemExit, match="--add-topk"):
+        accept.main(["--traces", str(path), "--budgets", "8", "--drafters", "ours-recycled"])
+    # The target follows a rule no text shows before the output: after token x comes g(x), a
+    # 37-cycle over 3..39. The prompt is random; the target's rows after each prompt token
+    # already name g(x), so recycling them drafts the output from its start.
+    rng = np.random.default_rng(4)
+    g = dict(zip(range(3, 40), [*range(4, 40), 3]))
+    rows = []
+    for i in range(3):
+        prompt = rng.integers(3, 40, size=60).tolist()
+        out = [int(rng.integers(3, 40))]
+        while len(out) < 30:
+            out.append(g[out[-1]])
+        full = prompt + out
+        rows.append(
+            {
+                "question_id": i,
+                "category": "qa",
+                "prompt_ids": prompt,
+                "output_ids": out,
+                "topk_ids": [[g[t], 3, 4] for t in full[:-1]],
+                "topk_p16": [[52000, 6000, 3000]] * (len(full) - 1),
+            }
+        )
+    traces.write_traces(path, rows)
+    out = tmp_path / "r.json"
+    argv = ["--traces", str(path), "--budgets", "8", "--json", str(out)]
+    assert accept.main([*argv, "--drafters", "ours-multi,ours-recycled"]) == 0
+    al = {
+        r["drafter"]: r["al"]
+        for r in json.loads(out.read_text())["rows"]
+        if r["category"] == "overall"
+    }
+    assert al["lookahead multi +recycled"] > 1.5 * al["lookahead multi"]
+
+
+def test_traces_record_the_targets_top_k():
+    import torch
+    from tiny_models import hf_generate, tiny_model
+
+    model = tiny_model("llama", seed=3)
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    rows = [{"prompt_ids": prompt, "output_ids": hf_generate(model, prompt, 12)}]
+    meta = traces.add_topk(rows, model, 4, progress=False)
+    assert meta == {"topk": 4, "top1_equals_output": 12, "output_tokens": 12}
+    r = rows[0]
+    assert len(r["topk_ids"]) == len(r["topk_p16"]) == len(prompt) + 12 - 1
+    assert all(len(x) == 4 for x in r["topk_ids"])
+    with torch.inference_mode():
+        ref = torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0], -1).topk(4)
+    assert r["topk_ids"][: len(prompt)] == ref.indices.tolist()
+    p = np.asarray(r["topk_p16"][: len(prompt)]) / traces.P16_SCALE
+    assert np.allclose(p, ref.values.numpy(), atol=1e-4)

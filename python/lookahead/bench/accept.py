@@ -42,9 +42,13 @@ from lookahead.bench.harness import (
 )
 from lookahead.bench.peers import accepted_length, check_tree
 from lookahead.bench.peers.oracle import CopyOracle
-from lookahead.bench.traces import CATEGORIES, DEFAULT_OUT, read_traces
+from lookahead.bench.traces import CATEGORIES, DEFAULT_OUT, P16_SCALE, read_traces
+from lookahead.recycling import RECYCLE_PROMPT_ROWS
 
 ORACLE = "copy-oracle"
+# The recycled-predictions settings `ours-recycled` runs with unless --ours-config says
+# otherwise (the engine's `recycle=True` uses the same).
+RECYCLE_DEFAULTS = {"recycle_k": 8}
 
 
 def _ours(multi):
@@ -54,6 +58,16 @@ def _ours(multi):
         return LookaheadDrafter(
             multi_branch=multi, label=opts.get("label", ""), **opts.get("ours", {})
         )
+
+    return make
+
+
+def _recycling(multi):
+    def make(budget, opts):
+        from lookahead.bench.peers.ours import LookaheadDrafter
+
+        kwargs = {**RECYCLE_DEFAULTS, **opts.get("ours", {})}
+        return LookaheadDrafter(multi_branch=multi, label=opts.get("label", ""), **kwargs)
 
     return make
 
@@ -98,6 +112,7 @@ def _vllm(min_n, max_n):
 DRAFTERS = {
     "ours-multi": (_ours(True), True, False),
     "ours-single": (_ours(False), True, False),
+    "ours-recycled": (_recycling(True), True, False),
     "sglang-bfs": (_sglang("BFS"), False, True),
     "sglang-prob": (_sglang("PROB"), False, False),
     "sglang-bfs-prompt": (_sglang("BFS", insert_prompt=True), False, False),
@@ -149,10 +164,29 @@ def _replay(drafter, rid, req, lens, budget):
     output = np.asarray(req["output_ids"], dtype=np.int32)
     full = np.concatenate([prompt, output])
     n_prompt = prompt.shape[0]
+    rows = _prediction_rows(drafter, req)
+
+    def extend(ctx, new):
+        # The rows of the verified positions only: row i is the target's top-k after token
+        # i, which the verify forward that emitted token i + 1 computed.
+        if rows is None:
+            drafter.extend(rid, ctx, new)
+        else:
+            at = len(ctx) - 1
+            drafter.extend(
+                rid, ctx, new, (rows[0][at : at + len(new)], rows[1][at : at + len(new)])
+            )
+
     t0 = time.perf_counter_ns()
-    drafter.start_request(rid, prompt)
+    if rows is not None and getattr(drafter, "recycles_prompt", False):
+        # The prefill's rows, as the engine computes them: of the last `RECYCLE_PROMPT_ROWS`
+        # prompt tokens but the last (whose row chose output[0], fed below).
+        lo = max(0, n_prompt - 1 - RECYCLE_PROMPT_ROWS)
+        drafter.start_request(rid, prompt, (rows[0][lo : n_prompt - 1], rows[1][lo : n_prompt - 1]))
+    else:
+        drafter.start_request(rid, prompt)
     start_ns = time.perf_counter_ns() - t0
-    drafter.extend(rid, prompt, output[:1])
+    extend(prompt, output[:1])
     accepted, host, over = [], [], 0
     pos = 1
     while pos < output.shape[0]:
@@ -163,7 +197,9 @@ def _replay(drafter, rid, req, lens, budget):
         check_tree(drafter.name, tokens, parents, budget)
         cap = output.shape[0] - pos - 1
         a = accepted_length(tokens, parents, output[pos : pos + min(budget, cap)])
-        if a and int(first[pos : pos + a].max()) > pos:
+        # A copy drafter cannot accept an unseen bigram; one recycling the target's
+        # predictions can (it is fed only the rows of verified positions, above).
+        if a and rows is None and int(first[pos : pos + a].max()) > pos:
             raise OracleViolation(
                 f"{drafter.name} accepted {a} tokens at request {rid} (question "
                 f"{req['question_id']}), output position {pos}, B={budget}, including a "
@@ -171,7 +207,7 @@ def _replay(drafter, rid, req, lens, budget):
             )
         over += a > min(int(orac[pos]), budget)
         t2 = time.perf_counter_ns()
-        drafter.extend(rid, ctx, output[pos : pos + a + 1])
+        extend(ctx, output[pos : pos + a + 1])
         host.append((t1 - t0) + (time.perf_counter_ns() - t2))
         accepted.append(a)
         pos += a + 1
@@ -183,6 +219,22 @@ def _replay(drafter, rid, req, lens, budget):
         "start_ns": start_ns,
         "over_oracle": over,
     }
+
+
+def _prediction_rows(drafter, req):
+    """The trace's top-k rows as (uint32 ids, float32 probabilities) if `drafter` recycles
+    predictions, else None; a recycling drafter on traces without them is an error."""
+    if not getattr(drafter, "recycles", False):
+        return None
+    if "topk_ids" not in req:
+        raise SystemExit(
+            f"{drafter.name} needs traces with the target's top-k (lookahead bench traces "
+            f"--add-topk 8); question {req['question_id']} has none"
+        )
+    return (
+        np.asarray(req["topk_ids"], dtype=np.uint32),
+        np.asarray(req["topk_p16"], dtype=np.float32) / P16_SCALE,
+    )
 
 
 def oracle_rows(traces, oracle_lens, budget):

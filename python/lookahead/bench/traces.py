@@ -7,7 +7,12 @@ through every drafter without running the model again.
 
 The output is gzip'd JSON lines, one request per line:
 `{"question_id", "category", "subcategory", "prompt_ids", "output_ids", "eos_token_id"}` (ids
-only, no text).
+only, no text). With `--topk K` each line also holds the target's K most likely next tokens
+after every token but the last of prompt + output (`topk_ids`, and `topk_p16`: probabilities
+times 65535, rounded), from one teacher-forced forward over the finished sequence: what the
+verify forwards of a speculative decoder compute along the accepted path, for replaying
+drafters that recycle the target's predictions (`bench accept`). `--add-topk K` adds them to
+an existing trace file without decoding again.
 The run appends line by line and resumes from a partial file, so a killed run loses at most one
 request.
 """
@@ -106,6 +111,54 @@ def read_traces(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
+# Probabilities are stored as integers p * P16_SCALE (a tenth of the file's size as floats).
+P16_SCALE = 65535
+
+
+def target_topk(model, ids: Sequence[int], k: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The target's top-`k` next tokens after each of `ids[:-1]` (row i: the distribution of
+    `ids[i + 1]` given `ids[: i + 1]`), as (ids, probabilities * `P16_SCALE` rounded), from one
+    forward over `ids` (fp32 softmax of the logits)."""
+    import torch
+
+    x = torch.tensor([list(ids)], device=model.device)
+    with torch.inference_mode():
+        logits = model(input_ids=x).logits[0, :-1].float()
+        probs = torch.softmax(logits, dim=-1)
+        del logits
+        top = torch.topk(probs, k, dim=-1)
+    p16 = torch.round(top.values * P16_SCALE).to(torch.int64)
+    return top.indices.tolist(), p16.tolist()
+
+
+def add_topk(rows: list[dict], model, k: int, progress: bool = True) -> dict:
+    """Adds `topk_ids` / `topk_p16` (see `target_topk`) to every trace row, in place; returns
+    how often the top-1 equals the recorded output token (teacher forcing vs the decoder's own
+    forwards: equal but for near ties)."""
+    from tqdm import tqdm
+
+    same = total = 0
+    for r in tqdm(rows, desc="top-k", unit="req", disable=not progress):
+        full = list(r["prompt_ids"]) + list(r["output_ids"])
+        r["topk_ids"], r["topk_p16"] = target_topk(model, full, k)
+        n = len(r["prompt_ids"])
+        for j, t in enumerate(r["output_ids"]):
+            same += r["topk_ids"][n - 1 + j][0] == t
+            total += 1
+    return {"topk": k, "top1_equals_output": same, "output_tokens": total}
+
+
+def write_traces(path: str | os.PathLike, rows: list[dict]) -> None:
+    """Write trace rows as JSON lines (compact; gzip'd if `path` ends in .gz), through a
+    temporary file."""
+    tmp = Path(str(path) + ".tmp")
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(tmp, "wt", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    tmp.replace(path)
+
+
 def _prompt_ids(tok, text: str) -> list[int]:
     ids = tok.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
@@ -155,6 +208,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="TRACES",
         help="leave out the questions of this trace file (repeatable): a held-out set",
     )
+    p.add_argument(
+        "--topk",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also record the target's top-K next tokens at every position (0: not)",
+    )
+    p.add_argument(
+        "--add-topk",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="add the top-K to the existing trace file --out (no decoding) and exit",
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help="the trace file to write")
     p.add_argument("--json", default=None, help="write run metadata (command, model, timing)")
     args = p.parse_args(argv)
@@ -167,6 +234,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.topk < 0:
+        raise SystemExit(f"lookahead bench traces: --topk must be >= 0, got {args.topk}")
+    if args.add_topk:
+        try:
+            rows = read_traces(args.out)
+        except (OSError, EOFError, ValueError) as err:
+            raise SystemExit(f"lookahead bench traces: {err}") from None
+        model, _ = load_model(args.model, dtype=args.dtype)
+        t0 = time.perf_counter()
+        meta = add_topk(rows, model, args.add_topk)
+        write_traces(args.out, rows)
+        meta |= {"seconds": round(time.perf_counter() - t0, 1), "out": args.out}
+        print(json.dumps(meta, indent=1))
+        return 0
     try:
         exclude = frozenset(r["question_id"] for f in args.exclude for r in read_traces(f))
         questions = select_questions(args.questions, args.per_category, exclude=exclude)
@@ -250,9 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for r in ordered:
         r["eos_token_id"] = eos  # the simulator's PLD cuts drafts at eos, as HF generate does
-    with gzip.open(out, "wt", encoding="utf-8") as f:
-        for r in ordered:
-            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    topk = add_topk(ordered, model, args.topk) if args.topk else {}
+    write_traces(out, ordered)
     partial.unlink()
     meta = {
         "command": "lookahead bench traces " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -271,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "out": str(out),
+        **topk,
     }
     print(json.dumps(meta, indent=1))
     if args.json:

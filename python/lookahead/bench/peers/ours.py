@@ -11,7 +11,9 @@ from __future__ import annotations
 
 
 class LookaheadDrafter:
-    """Our trie, single-branch (`multi_branch=False`) or multi-branch."""
+    """Our trie, single-branch (`multi_branch=False`) or multi-branch; with `recycle_k > 0`
+    also the target's recycled predictions, which the simulator hands to `extend` as
+    `predictions` (the rows of the tokens it verified that step, as the engine does)."""
 
     def __init__(self, multi_branch: bool = True, label: str = "", **cache_kwargs):
         from lookahead import LookaheadCache
@@ -19,12 +21,19 @@ class LookaheadDrafter:
         cache_kwargs.setdefault("background_indexing", False)
         self.cache = LookaheadCache(**cache_kwargs)
         self.multi_branch = multi_branch
-        self.name = (
-            "lookahead " + ("multi" if multi_branch else "single") + (f" {label}" if label else "")
-        )
+        self.recycles = self.cache.config["recycle_k"] > 0
+        # As the engine's recycle="path": the prefill's rows too.
+        self.recycles_prompt = self.recycles
+        kind = ("multi" if multi_branch else "single") + (" +recycled" if self.recycles else "")
+        self.name = "lookahead " + kind + (f" {label}" if label else "")
 
-    def start_request(self, rid, prompt):
+    def start_request(self, rid, prompt, predictions=None):
+        """`predictions`: the prefill's rows, after each of the last `len(rows)` prompt
+        tokens but the last one."""
         self.cache.start_request(rid, prompt)
+        if predictions is not None:
+            n = len(predictions[0])
+            self.cache.recycle(rid, prompt[len(prompt) - 1 - n : -1], *predictions)
 
     def draft(self, rid, context, budget):
         d = self.cache.draft(rid, budget=budget, multi_branch=self.multi_branch)
@@ -32,8 +41,11 @@ class LookaheadDrafter:
         # lists: numpy's slice, astype and subtract cost more than the draft's own arrays).
         return d.tokens.tolist()[1:], [p - 1 for p in d.parents.tolist()[1:]]
 
-    def extend(self, rid, context, new_tokens):
-        self.cache.extend(rid, new_tokens)
+    def extend(self, rid, context, new_tokens, predictions=None):
+        if predictions is None:
+            self.cache.extend(rid, new_tokens)
+        else:
+            self.cache.extend(rid, new_tokens, *predictions)
 
     def finish_request(self, rid):
         self.cache.finish_request(rid)
