@@ -86,13 +86,13 @@ pub struct Config {
     /// `extend_predicted` (0: none kept, drafts come from the tries only).
     pub recycle_k: usize,
     /// Keys the recycled-prediction table holds at most, over all namespaces (its memory is
-    /// about `recycle_slots * (8 * recycle_k + 40)` bytes once full).
+    /// at most about `recycle_slots * (8 * recycle_k + 75)` bytes, once full).
     pub recycle_slots: usize,
     /// A recycled token's score is `recycle_weight * p` (see `draft::RecycleView`).
     pub recycle_weight: f64,
 }
 
-/// Default `recycle_slots`: 2**18 keys (about 25 MB at `recycle_k = 8`).
+/// Default `recycle_slots`: 2**18 keys (about 36 MB at `recycle_k = 8`, once full).
 pub const DEFAULT_RECYCLE_SLOTS: usize = 1 << 18;
 /// Largest `recycle_slots` accepted.
 pub const MAX_RECYCLE_SLOTS: usize = 1 << 28;
@@ -159,9 +159,10 @@ impl Config {
                 self.recycle_slots
             ));
         }
-        if !(0.0..=MAX_WEIGHT).contains(&self.recycle_weight) {
+        if !(self.recycle_weight > 0.0 && self.recycle_weight <= MAX_WEIGHT) {
             return bad(format!(
-                "recycle_weight must be in [0, {MAX_WEIGHT:e}], got {}",
+                "recycle_weight must be in (0, {MAX_WEIGHT:e}] (recycle_k = 0 turns recycling \
+                 off), got {}",
                 self.recycle_weight
             ));
         }
@@ -1877,7 +1878,14 @@ mod tests {
 
     #[test]
     fn recycled_rows_are_checked_and_kept_apart_by_namespace() {
-        let c = recycling(2, 16);
+        // Weight 1: the row's 0.9 outranks the trie's once-seen 3 (1/2).
+        let c = Cache::new(Config {
+            recycle_k: 2,
+            recycle_slots: 16,
+            recycle_weight: 1.0,
+            ..cfg(4, 1 << 20, false)
+        })
+        .unwrap();
         let a = RequestId::Int(1);
         let b = RequestId::Int(2);
         c.start_request(a.clone(), vec![1, 2], "x").unwrap();
@@ -1899,5 +1907,28 @@ mod tests {
         assert_eq!(da.tokens[1], 4, "{da:?}");
         assert!(!db.tokens.contains(&4), "{db:?}");
         c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_recycled_token_is_continued_from_its_own_path() {
+        // After 101 the text says 7; the target's row after 101 says 7 or 8, and 8 occurs in
+        // the text only as "8 60 61". Node 8 (no trie continues "101 8") is matched afresh on
+        // context + path: its child is 60, not what follows the context's own suffix (7).
+        let c = recycling(2, 64);
+        let rid = RequestId::Int(1);
+        c.start_request(rid.clone(), vec![100, 101, 7, 9, 8, 60, 61, 5], "default")
+            .unwrap();
+        c.extend_predicted(&rid, &[101, 7], &[101, 3, 7, 8], &[0.9, 0.05, 0.5, 0.45], 2)
+            .unwrap();
+        c.extend(&rid, &[5, 101]).unwrap();
+        let d = c.draft(&rid, 8, true).unwrap();
+        let eight = (1..d.num_nodes())
+            .find(|&i| d.tokens[i] == 8 && d.parents[i] == 0)
+            .unwrap_or_else(|| panic!("no recycled 8 under the root: {d:?}"));
+        let kids: Vec<u32> = (1..d.num_nodes())
+            .filter(|&i| d.parents[i] == eight as i32)
+            .map(|i| d.tokens[i])
+            .collect();
+        assert_eq!(kids.first(), Some(&60), "{d:?}");
     }
 }

@@ -58,8 +58,8 @@ const FRESH: State = [NONE, NONE, u32::MAX];
 /// Recycled predictions join the candidates of a node only where the tries continue an
 /// n-gram of at most this many tokens (or none): a longer match is a copy that the target's
 /// predictions after one or two tokens would only crowd out. Simulator, B = 16, 120 traces
-/// (BENCHMARKS.md, "Recycled predictions"): 2.843 tokens per step at every node, 2.916 here
-/// (the tries alone: 2.794); translation 3.553 at every node, 3.796 here (alone: 3.765).
+/// (BENCHMARKS.md, "Recycled predictions"): 2.860 tokens per step at every node, 2.920 here
+/// (the tries alone: 2.794); translation 3.594 at every node, 3.828 here (alone: 3.765).
 pub const RECYCLE_MAX_MATCH: usize = 3;
 
 /// The recycled predictions a draft reads (see `recycle.rs`) and how to weigh them.
@@ -280,15 +280,18 @@ impl Sources<'_> {
     /// The state of the longest suffix of `ctx` shorter than `st`'s that a trie takes part
     /// in, reached from `st` by suffix links where possible.
     fn shorter_taking_part(&self, ctx: &[u32], st: State) -> Option<State> {
-        (1..st[2] as usize)
-            .rev()
-            .find_map(|k| self.probe(ctx, k, Some(st)).filter(|s| self.takes_part(s)))
+        (1..st[2] as usize).rev().find_map(|k| {
+            self.probe(ctx, k, Some(st), false)
+                .filter(|s| self.takes_part(s))
+        })
     }
 
     /// State of the `k`-token suffix of `ctx` if it has a continuation in a participating
     /// trie. `hint`, the state of a longer suffix of `ctx`, lets a trie with suffix links
-    /// reach the node by following links instead of walking from the root.
-    fn probe(&self, ctx: &[u32], k: usize, hint: Option<State>) -> Option<State> {
+    /// reach the node by following links instead of walking from the root; `cursors`: `ctx`
+    /// is the draft's own context, whose suffixes' nodes `suffixes` holds (not a context
+    /// extended by a draft path).
+    fn probe(&self, ctx: &[u32], k: usize, hint: Option<State>, cursors: bool) -> Option<State> {
         let s = &ctx[ctx.len() - k..];
         let mut st = EMPTY;
         st[2] = k as u32;
@@ -306,7 +309,7 @@ impl Sources<'_> {
                     }
                 }
                 // No hint: the first match, on the context itself.
-                if n == NONE && hint.is_none() {
+                if n == NONE && hint.is_none() && cursors {
                     n = self.suffixes[x].get(k - 1).copied().unwrap_or(NONE);
                     debug_assert!(n == NONE || n == t.walk(s), "stale cursor for trie {x}");
                 }
@@ -331,13 +334,13 @@ impl Sources<'_> {
     /// on a shorter suffix than a linear scan would.) Where no trie takes part (the history
     /// only, left out by `history_skip`), the search goes on down from there.
     pub fn match_suffix(&self, ctx: &[u32]) -> Option<State> {
-        self.match_hinted(ctx, None)
+        self.match_hinted(ctx, None, true)
     }
 
     /// `match_suffix` where `hint` is the state of a suffix of `ctx` without continuations in
     /// the tries it tracks (so, if it tracks all, only shorter suffixes can match); shorter
-    /// suffixes are reached through suffix links where possible.
-    fn match_hinted(&self, ctx: &[u32], hint: Option<State>) -> Option<State> {
+    /// suffixes are reached through suffix links where possible. `cursors`: as in `probe`.
+    fn match_hinted(&self, ctx: &[u32], hint: Option<State>, cursors: bool) -> Option<State> {
         let mut longest = ctx.len().min(self.max_depth.saturating_sub(1));
         if let Some(h) = hint {
             // The hint's n-gram `g` has no continuation in the tries that take part in it, so
@@ -370,7 +373,7 @@ impl Sources<'_> {
         if longest == 0 {
             return None;
         }
-        let probe = |k: usize| self.probe(ctx, k, hint);
+        let probe = |k: usize| self.probe(ctx, k, hint, cursors);
         let st = match probe(longest) {
             Some(st) => st,
             None => longest_some(0, longest, probe)?.1,
@@ -611,7 +614,9 @@ impl Sources<'_> {
         let from_ctx = (keep - buf.len()).min(ctx.len());
         buf.extend(ctx[ctx.len() - from_ctx..].iter().rev());
         buf.reverse();
-        let matched = self.match_hinted(&buf, st);
+        // A recycled token's node has no state (`st` None) and is matched here on context +
+        // path: the context's suffix cursors do not apply to it.
+        let matched = self.match_hinted(&buf, st, i == 0);
         scratch.buf = buf;
         let Some(st) = matched else {
             out.clear();

@@ -72,19 +72,55 @@ impl Recycled {
         self.map.is_empty()
     }
 
-    /// Bytes held (rows, owners and the map's table).
+    /// Bytes held: rows, owners and the map's table (hashbrown: a power of two of buckets,
+    /// at least 8/7 of its capacity, each an entry and a control byte).
     pub fn bytes(&self) -> usize {
+        let cap = self.map.capacity();
+        let buckets = if cap == 0 {
+            0
+        } else {
+            (cap * 8 / 7).next_power_of_two()
+        };
         self.ids.capacity() * 4
             + self.probs.capacity() * 4
             + self.owner.capacity() * std::mem::size_of::<Option<Key>>()
-            + self.map.capacity() * (std::mem::size_of::<(Key, u32)>() + 1)
+            + buckets * (std::mem::size_of::<(Key, u32)>() + 1)
     }
 
     /// Stores `row` (token, probability) under `key`, best `width` first (probability desc,
-    /// token asc); entries with probability <= 0 or not finite are dropped.
+    /// token asc); entries with probability <= 0 or not finite are dropped, a token given
+    /// twice keeps its higher probability, and a row left empty is not stored.
     pub fn put(&mut self, key: Key, row: &[(u32, f32)]) {
         if self.slots == 0 {
             return;
+        }
+        let mut best = [(0u32, 0f32); MAX_WIDTH];
+        let mut n = 0;
+        for &(t, p) in row {
+            if !(p.is_finite() && p > 0.0) {
+                continue;
+            }
+            let p = p.min(1.0);
+            if let Some(seen) = best[..n].iter_mut().find(|e| e.0 == t) {
+                // A token given twice is one sibling: its higher probability counts.
+                seen.1 = seen.1.max(p);
+                continue;
+            }
+            if n < self.width {
+                best[n] = (t, p);
+                n += 1;
+            } else {
+                // More than `width` given: replace the worst kept if this one is better.
+                let w = (0..n)
+                    .min_by(|&a, &b| best[a].1.total_cmp(&best[b].1))
+                    .expect("width > 0");
+                if p > best[w].1 {
+                    best[w] = (t, p);
+                }
+            }
+        }
+        if n == 0 {
+            return; // nothing to offer: the key keeps what it had
         }
         let slot = self.head;
         self.head = (self.head + 1) % self.slots;
@@ -107,26 +143,6 @@ impl Recycled {
             self.owner[prev as usize] = None;
         }
         self.owner[slot] = Some(key);
-        let mut best = [(0u32, 0f32); MAX_WIDTH];
-        let mut n = 0;
-        for &(t, p) in row {
-            if !(p.is_finite() && p > 0.0) {
-                continue;
-            }
-            let p = p.min(1.0);
-            if n < self.width {
-                best[n] = (t, p);
-                n += 1;
-            } else {
-                // More than `width` given: replace the worst kept if this one is better.
-                let w = (0..n)
-                    .min_by(|&a, &b| best[a].1.total_cmp(&best[b].1))
-                    .expect("width > 0");
-                if p > best[w].1 {
-                    best[w] = (t, p);
-                }
-            }
-        }
         best[..n].sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let at = slot * self.width;
         let row_ids = &mut self.ids[at..at + self.width];
@@ -207,6 +223,17 @@ mod tests {
     }
 
     #[test]
+    fn a_token_given_twice_is_kept_once() {
+        let mut r = Recycled::new(3, 4);
+        r.put((0, ALONE, 5), &[(1, 0.2), (2, 0.3), (1, 0.4), (1, 0.1)]);
+        assert_eq!(
+            r.get(&(0, ALONE, 5)).unwrap(),
+            (&[1, 2][..], &[0.4, 0.3][..])
+        );
+        r.check().unwrap();
+    }
+
+    #[test]
     fn newest_write_wins_and_oldest_goes_first() {
         let mut r = Recycled::new(2, 3);
         r.put((0, ALONE, 1), &[(10, 0.9)]);
@@ -262,13 +289,24 @@ mod tests {
                 r.check().unwrap();
             }
         }
-        // Rows, owners, and a map of at most 100 keys (hashbrown: at most 2x its length).
+        // Rows, owners, and a map of at most 100 keys (hashbrown: 128 or 256 buckets).
         let bound = 100 * (4 * 8 + std::mem::size_of::<Option<Key>>())
             + 256 * (std::mem::size_of::<(Key, u32)>() + 1);
         for _ in 0..5_000 {
             r.put((0, rnd(40), rnd(40)), &[(1, 0.5)]);
             assert!(r.bytes() <= bound, "{} > {bound}", r.bytes());
         }
+        r.check().unwrap();
+    }
+
+    #[test]
+    fn an_empty_row_is_not_stored() {
+        let mut r = Recycled::new(2, 4);
+        r.put((0, ALONE, 1), &[(2, 0.5)]);
+        r.put((0, ALONE, 1), &[(3, 0.0), (4, f32::NAN)]);
+        assert_eq!(r.get(&(0, ALONE, 1)).unwrap().0, &[2]);
+        r.put((0, ALONE, 9), &[]);
+        assert_eq!(r.len(), 1);
         r.check().unwrap();
     }
 
