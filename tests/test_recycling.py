@@ -84,6 +84,7 @@ def test_bad_predictions_are_refused_before_anything_changes(ids, probs, match):
         ({"recycle_k": -1}, "recycle_k"),
         ({"recycle_slots": 1 << 29}, "recycle_slots"),
         ({"recycle_weight": -0.5}, "recycle_weight"),
+        ({"recycle_weight": 0.0}, "recycle_k = 0 turns recycling off"),
         ({"recycle_weight": "high"}, "recycle_weight"),
     ],
 )
@@ -216,6 +217,28 @@ def test_recycle_option_is_checked():
     assert off._recycle_k == 0
 
 
+def test_predictions_from_torch_tensors_of_any_float_dtype():
+    c = LookaheadCache(recycle_k=2, background_indexing=False)
+    c.start_request(1, [5, 6])
+    ids = torch.tensor([[7, 8]])
+    c.extend(1, [7], ids, torch.tensor([[0.5, 0.25]], dtype=torch.bfloat16))
+    assert c.stats()["recycled_keys"] == 2
+    with pytest.raises(InvalidInput, match="2-D"):
+        c.extend(1, [7], ids, object())
+
+
+def test_top_rows_of_bad_logits_are_dropped_not_raised():
+    from lookahead.recycling import top_rows
+
+    logits = torch.full((2, 10), float("nan"))
+    ids, p = top_rows(logits, 3)
+    assert np.all(p == 0)
+    c = LookaheadCache(recycle_k=3, background_indexing=False)
+    c.start_request(1, [5, 6])
+    c.extend(1, [7, 8], ids, p)  # all-zero rows: checked, nothing kept
+    assert c.stats()["recycled_keys"] == 0
+
+
 def test_top_rows_are_the_softmax_top_k():
     from lookahead.recycling import top_rows
 
@@ -238,7 +261,6 @@ def test_prefill_rows_are_those_of_one_forward(monkeypatch, keep):
     model = tiny_model("llama", seed=2)
     ids = [2 + (i * 37) % (VOCAB - 2) for i in range(150)]
     monkeypatch.setattr(recycling, "RECYCLE_PROMPT_ROWS", 100)  # rows of the last 100 only
-    monkeypatch.setattr(recycling, "PREFILL_LOGITS", 64 * VOCAB)  # else: chunks of 64 tokens
     kw = last_logits_only(model) if keep else {}
     assert bool(kw) == keep
     with torch.inference_mode():

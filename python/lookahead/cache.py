@@ -60,11 +60,13 @@ def _is_bool(v) -> bool:
 
 
 def _as_numpy(x: Any, what: str) -> np.ndarray:
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
-        x = x.detach().cpu().numpy()
     try:
+        if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
+            x = x.detach().cpu()
+            # numpy has no bfloat16 (nor float8): floats go over as float32.
+            x = (x.float() if x.is_floating_point() else x).numpy()
         return np.asarray(x)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, RuntimeError) as err:
         raise InvalidInput(f"{what} must be a 2-D array, got {type(x).__name__}") from err
 
 
@@ -137,10 +139,11 @@ class LookaheadCache:
             its parent's, where that pair has a row) they followed, scored `recycle_weight * p`
             beside the tries' continuations (docs/interfaces.md, "Recycled predictions").
         recycle_slots: keys the recycled-prediction table holds at most, over all namespaces
-            (the oldest written goes first; about `recycle_slots * (8 * recycle_k + 40)`
-            bytes once full, counted in `stats()["bytes"]`; not saved by `save`).
-        recycle_weight: scale of a recycled prediction's probability in draft scores (0 to
-            1e6).
+            (the oldest written goes first; about `recycle_slots * (8 * recycle_k + 75)`
+            bytes once full, counted in `stats()["bytes"]`; not saved by `save`, and a loaded
+            cache has `recycle_k = 0`).
+        recycle_weight: scale of a recycled prediction's probability in draft scores (above 0,
+            at most 1e6).
 
     All methods are thread-safe and release the GIL while the Rust core works.
     """

@@ -19,19 +19,15 @@ if TYPE_CHECKING:
     import torch
 
 # Top predictions kept per key when the engine builds its own cache with `recycle=True`
-# (simulator, B = 16, 120 Spec-Bench traces, a near variant of the drafting rule: k = 4 / 8 /
-# 16 give 2.904 / 2.909 / 2.909 tokens per step; BENCHMARKS.md, "Recycled predictions").
+# (simulator, B = 16, 120 Spec-Bench traces: k = 4 / 8 / 16 give 2.917 / 2.920 / 2.920 tokens
+# per step; BENCHMARKS.md, "Recycled predictions").
 RECYCLE_K = 8
 # The CLI's `--recycle` values as the engine's `recycle` option.
 RECYCLE_MODES = {"off": False, "on": True, "path": "path"}
 # Prompt tokens (the last ones) whose rows the prefill computes: the output head over every
-# row of a long prompt costs what the rows bring back (simulator, B = 16, 120 traces: rows of
-# the last 256 / 512 / all prompt tokens give 2.898 / 2.906 / 2.916 tokens per step).
+# row of a long prompt costs what the rows bring back (simulator, B = 16, 120 traces: no /
+# the last 512 / all prompt rows give 2.852 / 2.920 / 2.933 tokens per step).
 RECYCLE_PROMPT_ROWS = 512
-# Logit entries (rows x vocabulary) one prefill chunk may produce, for a model whose forward
-# cannot keep only the last positions' logits: its prompt is prefilled in chunks so their
-# logits never take more than 256 MB in fp32.
-PREFILL_LOGITS = 1 << 26
 
 
 def top_rows(scores: torch.Tensor, k: int, probs: torch.Tensor | None = None):
@@ -49,35 +45,24 @@ def top_rows(scores: torch.Tensor, k: int, probs: torch.Tensor | None = None):
         top = torch.topk(scores, k, dim=-1)
         values = (top.values - torch.logsumexp(scores, dim=-1, keepdim=True)).exp()
     ids = top.indices.cpu().numpy().astype(np.uint32)
-    p = values.clamp_(0.0, 1.0).cpu().numpy().astype(np.float32)
+    # A row of inf / NaN logits gives NaN: kept as 0 (dropped), never an error mid-generation.
+    p = torch.nan_to_num(values, nan=0.0).clamp_(0.0, 1.0).cpu().numpy().astype(np.float32)
     return ids, p
 
 
 def prefill_with_rows(model, kv, prompt_ids: list, k: int, vocab: int, keep_kw: dict):
-    """Prefills `prompt_ids` into `kv` and returns `(first, ids, probs)`: the top-`k` rows
-    (`top_rows`) after each of `prompt_ids[first:]`, the last `RECYCLE_PROMPT_ROWS` tokens.
+    """Prefills `prompt_ids` into `kv` in one forward (the one the engine runs without
+    recycling) and returns `(first, ids, probs)`: the top-`k` rows (`top_rows`) after each of
+    `prompt_ids[first:]`, the last `RECYCLE_PROMPT_ROWS` tokens.
 
-    `keep_kw` is `kv.last_logits_only(model)`: where the model takes `logits_to_keep`, one
-    forward computes those rows' logits alone (the prefill is the one the engine runs without
-    recycling); else the prompt runs in chunks of at most `PREFILL_LOGITS // vocab` tokens,
-    each computing its logits."""
+    `keep_kw` is `kv.last_logits_only(model)`: where the model takes `logits_to_keep` the
+    forward computes those rows' logits alone; a model without it computes every position's,
+    as its prefill does anyway, and the rows are taken from the last ones."""
     import torch
 
     dev = next(model.parameters()).device
     first = max(0, len(prompt_ids) - RECYCLE_PROMPT_ROWS)
-    if keep_kw:
-        x = torch.tensor([prompt_ids], dtype=torch.long, device=dev)
-        kw = {"logits_to_keep": len(prompt_ids) - first}
-        logits = model(input_ids=x, past_key_values=kv, use_cache=True, **kw).logits[0]
-        return (first, *top_rows(logits, k))
-    chunk = max(64, PREFILL_LOGITS // max(vocab, 1))
-    ids_parts, prob_parts = [], []
-    for at in range(0, len(prompt_ids), chunk):
-        x = torch.tensor([prompt_ids[at : at + chunk]], dtype=torch.long, device=dev)
-        logits = model(input_ids=x, past_key_values=kv, use_cache=True).logits[0]
-        if at + len(logits) > first:
-            ids, p = top_rows(logits[max(0, first - at) :], k)
-            ids_parts.append(ids)
-            prob_parts.append(p)
-        del logits
-    return first, np.concatenate(ids_parts), np.concatenate(prob_parts)
+    x = torch.tensor([prompt_ids], dtype=torch.long, device=dev)
+    kw = {"logits_to_keep": len(prompt_ids) - first} if keep_kw else {}
+    logits = model(input_ids=x, past_key_values=kv, use_cache=True, **kw).logits[0]
+    return (first, *top_rows(logits[-(len(prompt_ids) - first) :], k))
