@@ -116,6 +116,11 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Whether recycled predictions are kept (and drafts read them).
+    pub fn recycles(&self) -> bool {
+        self.recycle_k > 0 && self.recycle_slots > 0
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidInput(m));
         if !(2..=MAX_DEPTH).contains(&self.max_depth) {
@@ -1047,10 +1052,10 @@ impl Cache {
         probs: &[f32],
         k: usize,
     ) {
-        let mut table = write(&self.shared.recycled);
-        if !table.enabled() {
-            return;
+        if !self.shared.cfg.recycles() {
+            return; // the table keeps nothing: its lock is not taken
         }
+        let mut table = write(&self.shared.recycled);
         let ns = req.ns.id;
         let mut row = Vec::with_capacity(k);
         for (j, (prev, tok)) in keys.enumerate() {
@@ -1184,6 +1189,8 @@ impl Cache {
         let p = read(&own.trie);
         let h = read(&req.ns.history);
         let cfg = &self.shared.cfg;
+        // Off: not even the table's lock on this path.
+        let recycled = cfg.recycles().then(|| read(&self.shared.recycled));
         let src = Sources {
             prompt: Some(&p),
             history: Some(&h),
@@ -1195,16 +1202,14 @@ impl Cache {
                 current(&own_nodes, epochs[0], p.epoch),
                 current(&hist_nodes, epochs[1], h.epoch),
             ],
-            recycled: None,
-        };
-        let recycled = read(&self.shared.recycled);
-        let src = Sources {
-            recycled: (recycled.enabled() && !recycled.is_empty()).then_some(RecycleView {
-                table: &recycled,
-                namespace: req.ns.id,
-                weight: cfg.recycle_weight,
-            }),
-            ..src
+            recycled: recycled
+                .as_deref()
+                .filter(|t| !t.is_empty())
+                .map(|table| RecycleView {
+                    table,
+                    namespace: req.ns.id,
+                    weight: cfg.recycle_weight,
+                }),
         };
         let tree = src.draft(&tail, budget, multi_branch);
         drop(recycled);

@@ -87,8 +87,8 @@ pub struct Sources<'a> {
     /// Context lengths `lo..=hi` at which the history does not take part (see
     /// `history_answers`); `None`: it takes part at every length.
     pub history_skip: Option<(usize, usize)>,
-    /// The target's recycled predictions, offered beside the tries' continuations at every
-    /// node (`None`: trie drafts only).
+    /// The target's recycled predictions, offered beside the tries' continuations where
+    /// those come from a short match (`RECYCLE_MAX_MATCH`; `None`: trie drafts only).
     pub recycled: Option<RecycleView<'a>>,
 }
 
@@ -748,7 +748,7 @@ impl Sources<'_> {
         tree.parents.push(-1);
         tree.scores.push(1.0);
         let root_state = self.match_suffix(ctx);
-        if root_state.is_none() && !self.recycles_after(ctx) {
+        if root_state.is_none() && self.recycled_row(ctx, &tree, 0).is_none() {
             return tree;
         }
         let (mut scratch, mut bufs) = BUFFERS.take();
@@ -770,14 +770,22 @@ impl Sources<'_> {
         tree
     }
 
-    /// Whether the recycled predictions hold a row for the context's last token.
-    fn recycles_after(&self, ctx: &[u32]) -> bool {
-        self.recycled.as_ref().is_some_and(|r| {
-            let prev = ctx.len().checked_sub(2).map(|i| ctx[i]);
-            r.table
-                .lookup(r.namespace, prev, ctx[ctx.len() - 1])
-                .is_some()
-        })
+    /// The recycled row that followed node `i`'s token (after its parent's, the root's after
+    /// the context's token before it, where that pair has a row), with its weight.
+    fn recycled_row(
+        &self,
+        ctx: &[u32],
+        tree: &DraftTree,
+        i: usize,
+    ) -> Option<(&[u32], &[f32], f64)> {
+        let r = self.recycled.as_ref()?;
+        let prev = if i == 0 {
+            ctx.len().checked_sub(2).map(|j| ctx[j])
+        } else {
+            Some(tree.tokens[tree.parents[i] as usize])
+        };
+        let (ids, probs) = r.table.lookup(r.namespace, prev, tree.tokens[i])?;
+        Some((ids, probs, r.weight))
     }
 
     /// Adds to `out` (node `i`'s trie candidates, best first, continuing an n-gram of
@@ -794,24 +802,15 @@ impl Sources<'_> {
         room: usize,
         out: &mut Vec<Cand>,
     ) {
-        let Some(r) = &self.recycled else {
-            return;
-        };
-        let tok = tree.tokens[i];
-        let prev = if i == 0 {
-            ctx.len().checked_sub(2).map(|j| ctx[j])
-        } else {
-            Some(tree.tokens[tree.parents[i] as usize])
-        };
         if matched > RECYCLE_MAX_MATCH {
             return;
         }
-        let Some((ids, probs, _)) = r.table.lookup(r.namespace, prev, tok) else {
+        let Some((ids, probs, weight)) = self.recycled_row(ctx, tree, i) else {
             return;
         };
         let trie_cands = out.len();
         for (&t, &p) in ids.iter().zip(probs) {
-            let score = (r.weight * f64::from(p)).min(1.0);
+            let score = (weight * f64::from(p)).min(1.0);
             match out[..trie_cands].iter_mut().find(|c| c.token == t) {
                 Some(c) => c.score = c.score.max(score),
                 None => out.push(Cand {

@@ -35,8 +35,6 @@ pub struct Recycled {
     probs: Vec<f32>,
     /// The slot the next write takes.
     head: usize,
-    /// Number of writes (the table's version, for tests and statistics).
-    pub writes: u64,
 }
 
 impl Recycled {
@@ -51,12 +49,7 @@ impl Recycled {
             ids: Vec::new(),
             probs: Vec::new(),
             head: 0,
-            writes: 0,
         }
-    }
-
-    pub fn width(&self) -> usize {
-        self.width
     }
 
     pub fn enabled(&self) -> bool {
@@ -150,7 +143,6 @@ impl Recycled {
         for (j, (t, p)) in row_ids.iter_mut().zip(row_probs.iter_mut()).enumerate() {
             (*t, *p) = if j < n { best[j] } else { (0, 0.0) };
         }
-        self.writes += 1;
     }
 
     /// The row stored under `key`: (ids, probabilities), best first, without its empty tail.
@@ -164,14 +156,13 @@ impl Recycled {
 
     /// The row for the node whose token is `tok` after `prev` (`None`: no token before it):
     /// the pair's row if stored, else the token's own.
-    /// Also says whether the row is the pair's.
-    pub fn lookup(&self, ns: u64, prev: Option<u32>, tok: u32) -> Option<(&[u32], &[f32], bool)> {
+    pub fn lookup(&self, ns: u64, prev: Option<u32>, tok: u32) -> Option<(&[u32], &[f32])> {
         if let Some(p) = prev.filter(|&p| p != ALONE) {
-            if let Some((i, q)) = self.get(&(ns, p, tok)) {
-                return Some((i, q, true));
+            if let Some(r) = self.get(&(ns, p, tok)) {
+                return Some(r);
             }
         }
-        self.get(&(ns, ALONE, tok)).map(|(i, q)| (i, q, false))
+        self.get(&(ns, ALONE, tok))
     }
 
     /// Checks the table's bookkeeping: every key's slot holds that key, every owned slot is
@@ -255,14 +246,8 @@ mod tests {
         r.put((0, ALONE, 5), &[(1, 0.5)]);
         r.put((0, 4, 5), &[(2, 0.5)]);
         r.put((1, ALONE, 5), &[(3, 0.5)]);
-        assert_eq!(
-            r.lookup(0, Some(4), 5).unwrap(),
-            (&[2][..], &[0.5][..], true)
-        );
-        assert_eq!(
-            r.lookup(0, Some(9), 5).unwrap(),
-            (&[1][..], &[0.5][..], false)
-        );
+        assert_eq!(r.lookup(0, Some(4), 5).unwrap(), (&[2][..], &[0.5][..]));
+        assert_eq!(r.lookup(0, Some(9), 5).unwrap(), (&[1][..], &[0.5][..]));
         assert_eq!(r.lookup(0, None, 5).unwrap().0, &[1]);
         assert_eq!(r.lookup(1, Some(4), 5).unwrap().0, &[3]);
         assert!(r.lookup(2, None, 5).is_none());
