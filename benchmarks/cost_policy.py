@@ -29,13 +29,13 @@ from lookahead.bench.traces import (
     CATEGORIES,
     DEFAULT_OUT,
     DEFAULT_QUESTIONS,
-    P16_SCALE,
     read_traces,
     select_questions,
+    topk_rows,
 )
 from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes, greedy_outcomes
 from lookahead.engine import AUTO_MAX_NODES, DEEP_ACCEPT
-from lookahead.recycling import RECYCLE_K, RECYCLE_PROMPT_ROWS
+from lookahead.recycling import RECYCLE_K, first_prompt_row
 
 # Forward ms by rows of the default model at ~700 cached tokens, recorded on machines of
 # this project: an AVX2-only CPU in fp32 (BENCHMARKS.md, demo section), a CPU with
@@ -76,12 +76,9 @@ def replay_ours(traces, curve_at, policy, recycle=False):
         cache.start_request(rid, prompt)
         rows = None
         if recycle:
-            rows = (
-                np.asarray(req["topk_ids"], dtype=np.uint32),
-                np.asarray(req["topk_p16"], dtype=np.float32) / P16_SCALE,
-            )
-            first = max(0, prompt.shape[0] - 1 - RECYCLE_PROMPT_ROWS)
+            rows = topk_rows(req)
             end = prompt.shape[0] - 1
+            first = first_prompt_row(end)
             cache.recycle(rid, prompt[first:end], rows[0][first:end], rows[1][first:end])
         _extend(cache, rid, rows, output[:1], prompt.shape[0] - 1)
         pos, last, t, steps = 1, 0, 0.0, 0

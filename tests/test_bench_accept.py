@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lookahead import recycling
 from lookahead.bench import accept, traces
 from lookahead.bench.peers import chain
 from lookahead.bench.traces import read_traces, select_questions, spec_bench_category
@@ -357,7 +358,6 @@ class _Spy:
 
     name = "spy"
     recycles = True
-    recycles_prompt = True
 
     def __init__(self, rows, prompt_rows):
         self.rows = rows
@@ -392,7 +392,7 @@ class _Spy:
 
 @pytest.mark.parametrize("prompt_rows", [10, 512])
 def test_a_recycling_replay_is_handed_only_verified_rows(tmp_path, monkeypatch, prompt_rows):
-    monkeypatch.setattr(accept, "RECYCLE_PROMPT_ROWS", prompt_rows)
+    monkeypatch.setattr(recycling, "RECYCLE_PROMPT_ROWS", prompt_rows)
     path = tmp_path / "t.jsonl.gz"
     _write_traces(path, n=3)
     rows = _with_topk(path)

@@ -266,7 +266,7 @@ def test_prefill_rows_are_those_of_one_forward(monkeypatch, keep):
     with torch.inference_mode():
         ref = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0], -1).topk(4)
         kv = new_cache(model)
-        first, top_ids, top_p = recycling.prefill_with_rows(model, kv, ids, 4, VOCAB, kw)
+        first, top_ids, top_p = recycling.prefill_with_rows(model, kv, ids, 4, kw)
     assert first == 50 and kv.get_seq_length() == len(ids)
     assert np.array_equal(top_ids, ref.indices[50:].numpy())
     assert np.allclose(top_p, ref.values[50:].numpy(), atol=1e-5)

@@ -71,7 +71,8 @@ def _as_numpy(x: Any, what: str) -> np.ndarray:
 
 
 def _predictions(top_ids: Any, top_probs: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Checked (uint32, float32) C-contiguous copies of `extend`'s prediction rows."""
+    """`extend`'s prediction rows as (uint32, float32) C-contiguous arrays, their shapes,
+    dtypes and ids checked."""
     if top_ids is None or top_probs is None:
         raise InvalidInput("top_ids and top_probs go together: give both or neither")
     ids, probs = _as_numpy(top_ids, "top_ids"), _as_numpy(top_probs, "top_probs")
@@ -86,10 +87,8 @@ def _predictions(top_ids: Any, top_probs: Any) -> tuple[np.ndarray, np.ndarray]:
         )
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 2**32):
         raise InvalidInput("top_ids must lie in [0, 2**32)")
-    probs = np.ascontiguousarray(probs, dtype=np.float32)
-    if not np.all((probs >= 0) & (probs <= 1)):  # NaN fails too
-        raise InvalidInput("top_probs must lie in [0, 1]")
-    return np.ascontiguousarray(ids, dtype=np.uint32), probs
+    # Probabilities outside [0, 1] (NaN too) are refused by the core, before any change.
+    return np.ascontiguousarray(ids, dtype=np.uint32), np.ascontiguousarray(probs, np.float32)
 
 
 def _rid_list(rids) -> list:

@@ -659,7 +659,7 @@ class LookaheadGenerator:
         if seq_len > 0 and recycle_k:
             # The rows after the prompt's tokens (its last one's comes from the tree forward).
             first, top_ids, top_p = prefill_with_rows(
-                model, kv, ids[:-1], recycle_k, vocab, self._prefill_kw
+                model, kv, ids[:-1], recycle_k, self._prefill_kw
             )
             self.cache.recycle(rid, ids[first:-1], top_ids, top_p)
         elif seq_len > 0:
@@ -775,8 +775,9 @@ class LookaheadGenerator:
             emitted = tokens[0, path[1:]].tolist() + [int(res.bonus[0])]
             rows = None
             if recycle_k:
-                rows = top_rows(scores, recycle_k, probs if cfg.do_sample else None)
+                dist = probs if cfg.do_sample else None
                 if self._recycle_tree and n > len(path):
+                    top = top_rows(scores, recycle_k, dist)
                     # The rejected nodes' rows first: the path's, written after, win a key
                     # both have.
                     off = np.setdiff1d(np.arange(1, n), path)
@@ -784,11 +785,13 @@ class LookaheadGenerator:
                     self.cache.recycle(
                         rid,
                         node_tokens[off],
-                        rows[0][off],
-                        rows[1][off],
+                        top[0][off],
+                        top[1][off],
                         after=node_tokens[np.asarray(d_parents, dtype=np.int64)[off]],
                     )
-                rows = (rows[0][path], rows[1][path])
+                    rows = (top[0][path], top[1][path])
+                else:  # the accepted path's rows alone
+                    rows = top_rows(scores[path], recycle_k, None if dist is None else dist[path])
             if drafted is not None:  # what each drafted node's score was worth
                 if cfg.do_sample:  # an accepted path says nothing of nodes not verified
                     took = np.zeros(n - 1)

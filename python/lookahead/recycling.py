@@ -50,7 +50,13 @@ def top_rows(scores: torch.Tensor, k: int, probs: torch.Tensor | None = None):
     return ids, p
 
 
-def prefill_with_rows(model, kv, prompt_ids: list, k: int, vocab: int, keep_kw: dict):
+def first_prompt_row(n: int) -> int:
+    """Of a prefill over `n` tokens, the first whose row is kept (the last
+    `RECYCLE_PROMPT_ROWS`)."""
+    return max(0, n - RECYCLE_PROMPT_ROWS)
+
+
+def prefill_with_rows(model, kv, prompt_ids: list, k: int, keep_kw: dict):
     """Prefills `prompt_ids` into `kv` in one forward (the one the engine runs without
     recycling) and returns `(first, ids, probs)`: the top-`k` rows (`top_rows`) after each of
     `prompt_ids[first:]`, the last `RECYCLE_PROMPT_ROWS` tokens.
@@ -61,7 +67,7 @@ def prefill_with_rows(model, kv, prompt_ids: list, k: int, vocab: int, keep_kw: 
     import torch
 
     dev = next(model.parameters()).device
-    first = max(0, len(prompt_ids) - RECYCLE_PROMPT_ROWS)
+    first = first_prompt_row(len(prompt_ids))
     x = torch.tensor([prompt_ids], dtype=torch.long, device=dev)
     kw = {"logits_to_keep": len(prompt_ids) - first} if keep_kw else {}
     logits = model(input_ids=x, past_key_values=kv, use_cache=True, **kw).logits[0]

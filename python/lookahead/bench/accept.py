@@ -42,8 +42,8 @@ from lookahead.bench.harness import (
 )
 from lookahead.bench.peers import accepted_length, check_tree
 from lookahead.bench.peers.oracle import CopyOracle
-from lookahead.bench.traces import CATEGORIES, DEFAULT_OUT, P16_SCALE, read_traces
-from lookahead.recycling import RECYCLE_PROMPT_ROWS
+from lookahead.bench.traces import CATEGORIES, DEFAULT_OUT, read_traces, topk_rows
+from lookahead.recycling import first_prompt_row
 
 ORACLE = "copy-oracle"
 # The recycled-predictions settings `ours-recycled` runs with unless --ours-config says
@@ -178,10 +178,10 @@ def _replay(drafter, rid, req, lens, budget):
             )
 
     t0 = time.perf_counter_ns()
-    if rows is not None and getattr(drafter, "recycles_prompt", False):
+    if rows is not None:
         # The prefill's rows, as the engine computes them: of the last `RECYCLE_PROMPT_ROWS`
         # prompt tokens but the last (whose row chose output[0], fed below).
-        lo = max(0, n_prompt - 1 - RECYCLE_PROMPT_ROWS)
+        lo = first_prompt_row(n_prompt - 1)
         drafter.start_request(rid, prompt, (rows[0][lo : n_prompt - 1], rows[1][lo : n_prompt - 1]))
     else:
         drafter.start_request(rid, prompt)
@@ -231,10 +231,7 @@ def _prediction_rows(drafter, req):
             f"{drafter.name} needs traces with the target's top-k (lookahead bench traces "
             f"--add-topk 8); question {req['question_id']} has none"
         )
-    return (
-        np.asarray(req["topk_ids"], dtype=np.uint32),
-        np.asarray(req["topk_p16"], dtype=np.float32) / P16_SCALE,
-    )
+    return topk_rows(req)
 
 
 def oracle_rows(traces, oracle_lens, budget):

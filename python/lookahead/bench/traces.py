@@ -131,6 +131,16 @@ def target_topk(model, ids: Sequence[int], k: int) -> tuple[list[list[int]], lis
     return top.indices.tolist(), p16.tolist()
 
 
+def topk_rows(row: dict):
+    """A trace row's `topk_ids` / `topk_p16` as (uint32 ids, float32 probabilities) arrays."""
+    import numpy as np
+
+    return (
+        np.asarray(row["topk_ids"], dtype=np.uint32),
+        np.asarray(row["topk_p16"], dtype=np.float32) / P16_SCALE,
+    )
+
+
 def add_topk(rows: list[dict], model, k: int, progress: bool = True) -> dict:
     """Adds `topk_ids` / `topk_p16` (see `target_topk`) to every trace row, in place; returns
     how often the top-1 equals the recorded output token (teacher forcing vs the decoder's own

@@ -22,8 +22,6 @@ class LookaheadDrafter:
         self.cache = LookaheadCache(**cache_kwargs)
         self.multi_branch = multi_branch
         self.recycles = self.cache.config["recycle_k"] > 0
-        # As the engine's recycle="path": the prefill's rows too.
-        self.recycles_prompt = self.recycles
         kind = ("multi" if multi_branch else "single") + (" +recycled" if self.recycles else "")
         self.name = "lookahead " + kind + (f" {label}" if label else "")
 
