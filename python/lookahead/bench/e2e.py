@@ -32,6 +32,7 @@ from lookahead.bench.harness import (
 from lookahead.bench.plot import plot_e2e
 from lookahead.bench.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions
 from lookahead.models import DTYPES
+from lookahead.recycling import RECYCLE_MODES
 
 # Lookahead's defaults before drafts were sized by measured costs (CPU: 8 nodes, 16 after a
 # step accepted 4+, verify only drafts whose scores sum to 0.85): the reference to beat.
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         policies[f"fixed {b}/{m}/{sc:g}"] = dict(budget=b, max_budget=m, min_draft_score=sc)
     for mode in recycle:
         name = "lookahead +recycled" + (" path" if mode == "path" else "")
-        policies[name] = dict(given, recycle=True if mode == "on" else "path")
+        policies[name] = dict(given, recycle=RECYCLE_MODES[mode])
     methods = ["plain", "pld", *policies]
     gens = {
         name: (None if args.fresh_cache else LookaheadGenerator(model, tok, **kw))

@@ -118,17 +118,17 @@ P16_SCALE = 65535
 def target_topk(model, ids: Sequence[int], k: int) -> tuple[list[list[int]], list[list[int]]]:
     """The target's top-`k` next tokens after each of `ids[:-1]` (row i: the distribution of
     `ids[i + 1]` given `ids[: i + 1]`), as (ids, probabilities * `P16_SCALE` rounded), from one
-    forward over `ids` (fp32 softmax of the logits)."""
+    forward over `ids`: the rows the engine hands its cache (`lookahead.recycling.top_rows`)."""
+    import numpy as np
     import torch
+
+    from lookahead.recycling import top_rows
 
     x = torch.tensor([list(ids)], device=model.device)
     with torch.inference_mode():
-        logits = model(input_ids=x).logits[0, :-1].float()
-        probs = torch.softmax(logits, dim=-1)
-        del logits
-        top = torch.topk(probs, k, dim=-1)
-    p16 = torch.round(top.values * P16_SCALE).to(torch.int64)
-    return top.indices.tolist(), p16.tolist()
+        top_ids, probs = top_rows(model(input_ids=x).logits[0, :-1], k)
+    p16 = np.rint(probs.astype(np.float64) * P16_SCALE).astype(np.int64)
+    return top_ids.astype(np.int64).tolist(), p16.tolist()
 
 
 def topk_rows(row: dict):
