@@ -45,19 +45,19 @@ wheel-smoke: wheel  ## install the wheel, then the sdist's, in a fresh venv with
 
 .PHONY: lint
 lint:  ## ruff, cargo fmt, clippy
-	ruff check python tests benchmarks
-	ruff format --check python tests benchmarks
+	ruff check python tests benchmarks research
+	ruff format --check python tests benchmarks research
 	cargo fmt --all --check
 	cargo clippy --manifest-path rust/Cargo.toml --all-targets -- -D warnings
 	cargo clippy --manifest-path rust/Cargo.toml --all-targets --features python -- -D warnings
 
 .PHONY: bench
 bench:  ## host-cost benchmark of the trie (add --peers after `make peers`)
-	$(PY) -m lookahead.bench trie --json benchmarks/results/trie.json --plot benchmarks/results/trie.png
+	$(PY) -m benchmarks trie --json benchmarks/results/trie.json --plot benchmarks/results/trie.png
 
 .PHONY: bench-gpu
 bench-gpu:  ## time the Triton kernels on a CUDA GPU (table + benchmarks/out/gpu_kernels.json)
-	$(PY) benchmarks/gpu_kernels.py
+	$(PY) -m benchmarks.gpu_kernels
 
 .PHONY: peers
 peers:  ## install the benchmark peers (SGLang NGRAM corpus, SuffixDecoding, numba) without touching torch/transformers
@@ -66,5 +66,5 @@ peers:  ## install the benchmark peers (SGLang NGRAM corpus, SuffixDecoding, num
 
 .PHONY: bench-accept
 bench-accept:  ## acceptance simulator over the recorded traces (B = 8, 16, 32)
-	$(PY) -m lookahead.bench accept --json benchmarks/results/accept_specbench_smollm2.json \
+	$(PY) -m benchmarks accept --json benchmarks/results/accept_specbench_smollm2.json \
 		--plot benchmarks/results/accept_specbench_smollm2.png

@@ -1,9 +1,9 @@
 """Offline model of the engine's speed under draft policies, on any machine's cost curve.
 
-    python benchmarks/cost_policy.py [--curve avx2-fp32 | --costs FILE.json] [--per-category 10]
+    python -m benchmarks.cost_policy [--curve avx2-fp32 | --costs FILE.json] [--per-category 10]
 
-Replays the recorded traces (the default model's greedy outputs, `lookahead bench traces`)
-as `lookahead bench e2e` runs them: one `LookaheadCache` across the prompts, in the e2e's
+Replays the recorded traces (the default model's greedy outputs, `python -m benchmarks traces`)
+as `python -m benchmarks e2e` runs them: one `LookaheadCache` across the prompts, in the e2e's
 sample and order. Each step of a fixed policy drafts its budget (wider after a step that
 accepted 4+) and verifies the root alone when the draft's scores sum below its gate; the
 cost-aware policy runs the engine's own choice (`lookahead.costs.choose_nodes` on a draft of
@@ -11,7 +11,7 @@ cost-aware policy runs the engine's own choice (`lookahead.costs.choose_nodes` o
 prompt lookup (10 tokens) runs beside. A step's time is the curve's forward time of its rows
 at the request's context length (the host's time per step is left out), so the printed
 speed-ups are a model of the forward time: they rank policies on the exact token streams of
-a machine one does not have (the recorded curves below), and `lookahead bench e2e` measures
+a machine one does not have (the recorded curves below), and `python -m benchmarks e2e` measures
 the machine one has.
 """
 
@@ -23,9 +23,13 @@ from collections import defaultdict
 
 import numpy as np
 from lookahead import LookaheadCache
-from lookahead.bench.peers import accepted_length
-from lookahead.bench.peers.pld import PldDrafter
-from lookahead.bench.traces import (
+from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes, greedy_outcomes
+from lookahead.engine import AUTO_MAX_NODES, DEEP_ACCEPT
+from lookahead.recycling import RECYCLE_K, first_prompt_row
+
+from benchmarks.peers import accepted_length
+from benchmarks.peers.pld import PldDrafter
+from benchmarks.traces import (
     CATEGORIES,
     DEFAULT_OUT,
     DEFAULT_QUESTIONS,
@@ -33,9 +37,6 @@ from lookahead.bench.traces import (
     select_questions,
     topk_rows,
 )
-from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes, greedy_outcomes
-from lookahead.engine import AUTO_MAX_NODES, DEEP_ACCEPT
-from lookahead.recycling import RECYCLE_K, first_prompt_row
 
 # Forward ms by rows of the default model at ~700 cached tokens, recorded on machines of
 # this project: an AVX2-only CPU in fp32 (BENCHMARKS.md, demo section), a CPU with

@@ -1,9 +1,9 @@
 """Time the tree kernels: Triton vs the torch reference (and SGLang's per-request loop for
 the full mask), on one GPU in one call.
 
-    python benchmarks/gpu_kernels.py                      # CUDA, full grid, ~2-4 minutes
-    python benchmarks/gpu_kernels.py --device cpu --quick # smoke test: refs + Triton interpreter
-    python benchmarks/gpu_kernels.py --device cpu         # the torch references on CPU
+    python -m benchmarks.gpu_kernels                      # CUDA, full grid, ~2-4 minutes
+    python -m benchmarks.gpu_kernels --device cpu --quick # smoke test: refs + Triton interpreter
+    python -m benchmarks.gpu_kernels --device cpu         # the torch references on CPU
 
 Grid: B in {1, 8, 32, 64}, W in {8, 16, 32}, V = 151936 (Qwen2 vocabulary) for sampling,
 `--seq-len` tokens already in the KV cache for the full mask. CUDA timings use CUDA events

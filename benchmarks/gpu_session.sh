@@ -43,7 +43,7 @@ case "${1:-}" in
 kernels)
     LOOKAHEAD_KERNEL_DEVICE=cuda stage kernel_tests 120 \
         python3 -m pytest tests/kernels -q -p no:cacheprovider -x
-    stage gpu_kernels 180 python3 benchmarks/gpu_kernels.py --iters 50 --warmup 10 \
+    stage gpu_kernels 180 python -m benchmarks.gpu_kernels --iters 50 --warmup 10 \
         --out "$OUT/gpu_kernels.json"
     ;;
 e2e)
@@ -53,7 +53,7 @@ e2e)
         --per-category 3 --max-new-tokens 256 --json "$OUT/e2e_gpu.json"
     ;;
 cost)
-    stage verify_cost 100 python3 benchmarks/gpu_verify_cost.py --iters 30 --warmup 5 \
+    stage verify_cost 100 python -m benchmarks.gpu_verify_cost --iters 30 --warmup 5 \
         --out "$OUT/gpu_verify_cost.json"
     ;;
 *)

@@ -1,11 +1,11 @@
 """What one verify forward costs as the draft tree grows: time of a forward over W new tokens
 on top of an L-token KV cache, relative to W = 1 (plain decoding), on one GPU.
 
-    python benchmarks/gpu_verify_cost.py                          # CUDA, bf16, both shapes
-    python benchmarks/gpu_verify_cost.py --device cpu --quick     # smoke test
+    python -m benchmarks.gpu_verify_cost                          # CUDA, bf16, both shapes
+    python -m benchmarks.gpu_verify_cost --device cpu --quick     # smoke test
 
 Speculative decoding pays when accepted tokens per step exceed this ratio: the simulator
-(`lookahead bench accept`) gives the first, this script the second. Weights are random (the
+(`python -m benchmarks accept`) gives the first, this script the second. Weights are random (the
 cost of a forward does not depend on their values), in the shapes of the default model
 (SmolLM2-135M) and of an 8B Llama, so no weights travel. Each forward passes explicit
 positions and a 4-D additive mask, as the engine does (`lookahead.engine`), through SDPA; the

@@ -4,7 +4,7 @@ A 400k-token history (max_depth 8, ~2.8M nodes) is built; one thread runs `step`
 of the same namespace in a loop while the main thread saves; prints the save's time and the
 step latency before the save and its maximum once the save started.
 
-    python benchmarks/save_stall.py
+    python -m benchmarks.save_stall
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 from lookahead import LookaheadCache
-from lookahead.bench.harness import run_script
+
+from benchmarks.harness import run_script
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """Host cost of drafting for a decode batch, as the SGLang workers do it, on the recorded traces.
 
-    python benchmarks/serving_host.py [--batch 1,16,48] [--width 12] [--json FILE]
+    python -m benchmarks.serving_host [--batch 1,16,48] [--width 12] [--json FILE]
 
 No GPU and no model: the traces' outputs are the target's tokens. B requests decode at once
 (a finished one is replaced by the next trace, until all 120 are done); each step every
@@ -13,12 +13,12 @@ request, and the host time of the step's drafting calls is recorded:
   10: multi-branch): `sync` (start new requests with their whole prompt, stream the new
   tokens), one `draft_batch`, `finish` for the requests that left; timed all together.
 - **SGLang NGRAM**: its C++ corpus fed as `ngram_worker.py` feeds it (see
-  `lookahead.bench.peers.sglang_ngram`): `batch_get` on every request's last 18 tokens, then
+  `benchmarks.peers.sglang_ngram`): `batch_get` on every request's last 18 tokens, then
   `batch_put` of those tails (queued to its insert thread), `erase_match_state` for the ones
   that left; timed: the calls. Its insert thread's work is then waited for untimed, so it
   does not run into another drafter's turn (in SGLang it overlaps the forward on a spare
   core): this counts SGLang's critical path only, while ours includes its inserts.
-- **vLLM n-gram**: its proposer's scan (`lookahead.bench.peers.vllm_ngram`, min = max = 5,
+- **vLLM n-gram**: its proposer's scan (`benchmarks.peers.vllm_ngram`, min = max = 5,
   k = N - 1) over each request's context, one after another.
 
 The drafters take turns step by step (order rotating), each with its own requests, so a phase
@@ -37,11 +37,13 @@ from array import array
 from types import SimpleNamespace
 
 import numpy as np
-from lookahead.bench.harness import command_line, header, percentile, write_json
-from lookahead.bench.peers import accepted_length
-from lookahead.bench.traces import DEFAULT_OUT, read_traces
+from lookahead.output import command_line, header, write_json
 from lookahead.sglang.config import ServingConfig
 from lookahead.sglang.drafter import LookaheadDrafter
+
+from benchmarks.harness import percentile
+from benchmarks.peers import accepted_length
+from benchmarks.traces import DEFAULT_OUT, read_traces
 
 
 class Batch:
@@ -108,7 +110,7 @@ class Sglang:
     name = "SGLang NGRAM (C++ corpus)"
 
     def __init__(self, width):
-        from lookahead.bench.peers.sglang_ngram import _import_corpus_class, mask_to_parents
+        from benchmarks.peers.sglang_ngram import _import_corpus_class, mask_to_parents
 
         self.mask_to_parents = mask_to_parents
 
@@ -147,7 +149,7 @@ class Vllm:
     name = "vLLM n-gram (scan, 5/5)"
 
     def __init__(self, width):
-        from lookahead.bench.peers.vllm_ngram import find_longest_matched_ngram
+        from benchmarks.peers.vllm_ngram import find_longest_matched_ngram
 
         self.f, self.k = find_longest_matched_ngram, width - 1
         self.f(np.zeros(16, np.int32), 5, 5, 1 << 30, 4)  # compile outside the timed steps
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.depth != 18 or args.config:
         Ours.name = f"lookahead (depth {args.depth}{', ' + args.config if args.config else ''})"
     kinds = [Ours, Vllm] if args.no_sglang else [Ours, Sglang, Vllm]
-    out = header(command_line("python benchmarks/serving_host.py", argv))
+    out = header(command_line("python -m benchmarks.serving_host", argv))
     out["rows"] = []
     print(f"{len(traces)} traces, verify width {args.width}; host ms per batch step, median of "
           f"{args.rounds} rounds")  # fmt: skip

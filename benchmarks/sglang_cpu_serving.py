@@ -10,8 +10,8 @@ at every concurrency, each on a fresh server; per setting and concurrency it pri
 to no speculation), median and p90 request latency, tokens per verify step, and how many
 outputs equal the no-speculation server's token for token.
 
-    python benchmarks/sglang_cpu_serving.py                      # the default model
-    python benchmarks/sglang_cpu_serving.py --per-category 2 --concurrency 1 4 16 \\
+    python -m benchmarks.sglang_cpu_serving                      # the default model
+    python -m benchmarks.sglang_cpu_serving --per-category 2 --concurrency 1 4 16 \\
         --json benchmarks/results/sglang_cpu_serving.json
 
 The default model is SmolLM2-135M-Instruct (`lookahead.models.default_model_path()`, fetched
@@ -60,8 +60,9 @@ def parse_args(argv=None):
 
 
 def prompts_of(args, model_path: Path) -> list[tuple[str, str]]:
-    from lookahead.bench.traces import default_questions, select_questions
     from transformers import AutoTokenizer
+
+    from benchmarks.traces import default_questions, select_questions
 
     tok = AutoTokenizer.from_pretrained(model_path)
     qs = select_questions(args.questions or default_questions(), args.per_category)
@@ -124,8 +125,8 @@ def print_table(rows) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from lookahead.bench.harness import header, write_json
     from lookahead.models import default_model_path
+    from lookahead.output import header, write_json
 
     model_path = Path(args.model_path) if args.model_path else default_model_path()
     prompts = prompts_of(args, model_path)
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
     print_table(rows)
     if args.json:
         payload = header(
-            "python benchmarks/sglang_cpu_serving.py " + " ".join(argv or sys.argv[1:])
+            "python -m benchmarks.sglang_cpu_serving " + " ".join(argv or sys.argv[1:])
         )
         payload.update(settings=vars(args), model=str(model_path), rows=rows)
         write_json(args.json, payload)

@@ -225,9 +225,9 @@ def main(argv=None) -> int:
                 print("  " + " ".join(bench_command(args, args.port, dataset, c, raw)))
         return 0
 
-    from lookahead.bench.harness import header, write_json
+    from lookahead.output import header, write_json
 
-    context = header(" ".join(["python", "benchmarks/sglang_e2e.py", *(argv or sys.argv[1:])]))
+    context = header(" ".join(["python", "-m", "benchmarks.sglang_e2e", *(argv or sys.argv[1:])]))
     ctx_row = {
         "machine": context["machine"],
         "versions": context["versions"],

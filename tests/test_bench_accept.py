@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lookahead import recycling
-from lookahead.bench import accept, traces
-from lookahead.bench.peers import chain
-from lookahead.bench.traces import read_traces, select_questions, spec_bench_category
+
+from benchmarks import accept, traces
+from benchmarks.peers import chain
+from benchmarks.traces import read_traces, select_questions, spec_bench_category
 
 
 def _write_traces(path, n=6, seed=0):
@@ -142,11 +143,13 @@ def test_simulator_rejects_bad_arguments(tmp_path):
 
 
 def test_bench_errors_are_one_line(tmp_path, capsys):
-    from lookahead import bench
+    import benchmarks as bench
 
     assert bench.main(["accept", "--traces", str(tmp_path / "none.gz")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("lookahead bench accept: FileNotFoundError") and "Traceback" not in err
+    assert (
+        err.startswith("python -m benchmarks accept: FileNotFoundError") and "Traceback" not in err
+    )
     assert len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit):
         bench.main(["trie", "--reps", "0"])
@@ -156,8 +159,8 @@ def test_bench_errors_are_one_line(tmp_path, capsys):
 
 
 def test_bench_interrupted_exits_130(monkeypatch, capsys):
-    from lookahead import bench
-    from lookahead.bench import accept as accept_module
+    import benchmarks as bench
+    from benchmarks import accept as accept_module
 
     def interrupted(argv):
         raise KeyboardInterrupt
@@ -219,7 +222,7 @@ def test_default_questions_from_env_else_shared_else_packaged(tmp_path, monkeypa
     assert traces.default_questions() == mine
     monkeypatch.delenv("LOOKAHEAD_SPEC_BENCH")
     # A checkout at <work>/repo: the workplace's data is <work>/shared/data/spec_bench/...
-    monkeypatch.setattr(traces, "_PACKAGE_DIR", tmp_path / "repo" / "python" / "lookahead")
+    monkeypatch.setattr(traces, "_CHECKOUT", tmp_path / "repo")
     beside = tmp_path / "shared" / traces._SHARED
     beside.parent.mkdir(parents=True)
     beside.write_text("{}\n")
@@ -227,7 +230,7 @@ def test_default_questions_from_env_else_shared_else_packaged(tmp_path, monkeypa
     monkeypatch.setattr(traces, "_SHARED", Path("data") / "absent" / "question.jsonl")
     assert traces.default_questions() == traces.PACKAGED_QUESTIONS
     assert len(select_questions(traces.PACKAGED_QUESTIONS, 20)) == 120  # works without ../shared
-    monkeypatch.setattr(traces, "_PACKAGE_DIR", Path("/lookahead"))  # a shallow install path
+    monkeypatch.setattr(traces, "_CHECKOUT", Path("/"))  # a checkout at the root
     assert traces.default_questions() == traces.PACKAGED_QUESTIONS
 
 
@@ -270,7 +273,7 @@ def test_chaining_past_the_copy_oracle_is_counted_not_an_error(tmp_path):
 
 
 def test_drafters_take_turns_and_score_as_alone(tmp_path):
-    from lookahead.bench.peers.ours import LookaheadDrafter
+    from benchmarks.peers.ours import LookaheadDrafter
 
     path = tmp_path / "t.jsonl.gz"
     _write_traces(path)
@@ -298,7 +301,7 @@ def test_drafters_take_turns_and_score_as_alone(tmp_path):
 
 
 def test_parse_kwargs_reads_python_literals():
-    from lookahead.bench.harness import parse_kwargs
+    from benchmarks.harness import parse_kwargs
 
     assert parse_kwargs("max_depth=8,history_skip=None") == {"max_depth": 8, "history_skip": None}
     assert parse_kwargs('mode="ppm",skip=(3,6)') == {"mode": "ppm", "skip": (3, 6)}
@@ -308,7 +311,7 @@ def test_parse_kwargs_reads_python_literals():
 
 
 def test_command_lines_quote_and_plots_need_an_image_format(tmp_path):
-    from lookahead.bench.harness import check_outputs, command_line
+    from lookahead.output import check_outputs, command_line
 
     assert command_line("lookahead demo", ["--prompts", "my file.jsonl"]) == (
         "lookahead demo --prompts 'my file.jsonl'"

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lookahead.bench.peers import accepted_length, chain, check_tree
-from lookahead.bench.peers.oracle import CopyOracle
-from lookahead.bench.peers.vllm_ngram import VllmNgramDrafter, find_longest_matched_ngram
+
+from benchmarks.peers import accepted_length, chain, check_tree
+from benchmarks.peers.oracle import CopyOracle
+from benchmarks.peers.vllm_ngram import VllmNgramDrafter, find_longest_matched_ngram
 
 
 def test_accepted_length_chain_and_tree():
@@ -101,7 +102,7 @@ def test_vllm_drafter_chain_and_budget():
 
 def test_pld_calls_transformers_generator():
     pytest.importorskip("torch")
-    from lookahead.bench.peers.pld import PldDrafter
+    from benchmarks.peers.pld import PldDrafter
 
     d = PldDrafter(num_output_tokens=10, eos_token_id=99)
     # Last bigram (1, 2) first occurs at 0: propose what follows, up to the context end.
@@ -173,7 +174,7 @@ def test_copy_oracle_equals_brute_force(requests, budget):
 
 
 def test_sglang_mask_to_parents():
-    from lookahead.bench.peers.sglang_ngram import mask_to_parents
+    from benchmarks.peers.sglang_ngram import mask_to_parents
 
     mask = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]])
     assert mask_to_parents(mask) == [-1, 0, 0, 1]
@@ -181,7 +182,7 @@ def test_sglang_mask_to_parents():
 
 def test_suffix_decoding_real_tree():
     pytest.importorskip("arctic_inference.suffix_decoding")
-    from lookahead.bench.peers.suffix_decoding import SuffixDecodingDrafter
+    from benchmarks.peers.suffix_decoding import SuffixDecodingDrafter
 
     for tree in (False, True):
         d = SuffixDecodingDrafter(tree=tree)
@@ -194,7 +195,7 @@ def test_suffix_decoding_real_tree():
 
 
 def test_hostcost_history_stream_and_step_vs_scan_rows():
-    from lookahead.bench.peers.hostcost import history_stream, step_vs_scan_rows
+    from benchmarks.peers.hostcost import history_stream, step_vs_scan_rows
 
     s = np.arange(10, dtype=np.int32)
     h = history_stream(s, 25)

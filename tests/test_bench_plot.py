@@ -1,14 +1,15 @@
 """The benches' PNG charts: drawn with `--plot` at the end of a run, and redrawn from a saved
-`--json` file by `lookahead bench plot`."""
+`--json` file by `python -m benchmarks plot`."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from lookahead.bench import accept, plot, trie
-from lookahead.bench import main as bench_main
 from test_bench_accept import _write_traces
+
+from benchmarks import accept, plot, trie
+from benchmarks import main as bench_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -35,7 +36,7 @@ def test_trie_quick_writes_its_context_and_a_chart(tmp_path):
     assert trie.main(["--quick", "--json", str(out), "--plot", str(png)]) == 0
     res = json.loads(out.read_text())
     # Every result file says what made it, where and with which versions.
-    assert res["bench"] == "trie" and res["command"].startswith("lookahead bench trie --quick")
+    assert res["bench"] == "trie" and res["command"].startswith("python -m benchmarks trie --quick")
     assert {"date", "git", "machine", "versions", "loadavg"} <= set(res)
     assert {r["what"] for r in res["rows"]} >= {"index_prompt", "add_history", "draft"}
     assert _is_png(png)
@@ -61,7 +62,7 @@ def test_e2e_results_replot(tmp_path):
 
 
 def test_e2e_fixed_policies_parse():
-    from lookahead.bench.e2e import FIXED_DEFAULT, fixed_policies
+    from benchmarks.e2e import FIXED_DEFAULT, fixed_policies
 
     assert fixed_policies(FIXED_DEFAULT) == [(8, 16, 0.85)]
     assert fixed_policies(" 4/8/0.5, 16/16/0 ,") == [(4, 8, 0.5), (16, 16, 0.0)]
@@ -74,7 +75,7 @@ def test_e2e_fixed_policies_parse():
 def test_plot_rejects_what_no_bench_wrote(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"hello": 1}))
-    with pytest.raises(SystemExit, match="not a result of lookahead bench"):
+    with pytest.raises(SystemExit, match="not a result of python -m benchmarks"):
         plot.main([str(bad), str(tmp_path / "x.png")])
     with pytest.raises(SystemExit, match="cannot read"):
         plot.main([str(tmp_path / "missing.json"), str(tmp_path / "x.png")])

@@ -18,7 +18,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lookahead import LookaheadCache
-from lookahead.bench.trie import run_tenants
+
+from benchmarks.trie import run_tenants
 
 BYTES_PER_NODE = 256
 BYTES_PER_HOLDER = 8 << 10

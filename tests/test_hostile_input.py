@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lookahead import cli, demo, models
-from lookahead.bench import harness
+from lookahead import cli, demo, models, output
 from lookahead.engine import LookaheadGenerator, generate
 from lookahead.errors import InvalidInput, LookaheadError
 from tiny_models import tiny_model, tiny_tokenizer
@@ -194,18 +193,18 @@ def test_demo_json_onto_an_unwritable_file_fails_before_any_prompt(tmp_path, mon
 
 def test_checked_outputs_leave_nothing_and_write_whole(tmp_path):
     dest = tmp_path / "out" / "demo.json"
-    harness.check_outputs(dest)
+    output.check_outputs(dest)
     assert [p.name for p in dest.parent.iterdir()] == []  # the probe is gone, nothing made
-    harness.write_output(dest, "one")
-    harness.write_output(dest, "two")
+    output.write_output(dest, "one")
+    output.write_output(dest, "two")
     assert dest.read_text() == "two" and [p.name for p in dest.parent.iterdir()] == ["demo.json"]
     link = tmp_path / "link.json"
     link.symlink_to(dest)
-    harness.write_output(link, "three")  # the target is replaced, the link kept
+    output.write_output(link, "three")  # the target is replaced, the link kept
     assert link.is_symlink() and dest.read_text() == "three"
     # A device is written in place, never renamed over.
-    harness.check_outputs("/dev/null")
-    harness.write_output("/dev/null", "x")
+    output.check_outputs("/dev/null")
+    output.write_output("/dev/null", "x")
     assert Path("/dev/null").is_char_device()
 
 

@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_load_args(cal)
 
-    sub.add_parser("bench", help="benchmarks: lookahead bench {trie,accept,e2e,traces,plot} ...")
+    sub.add_parser("bench", help="moved: `python -m benchmarks NAME` from a clone")
     return parser
 
 
@@ -244,6 +244,18 @@ def _calibrate(args) -> int:
     return 0
 
 
+def budget_problem(args) -> str | None:
+    """What is wrong with `args.budget` / `args.max_budget` (each None or in
+    [0, MAX_BUDGET]), or None: the check the `lookahead` command and `python -m benchmarks e2e` share."""
+    from lookahead._core import MAX_BUDGET
+
+    for knob in ("budget", "max_budget"):
+        v = getattr(args, knob)
+        if v is not None and not 0 <= v <= MAX_BUDGET:
+            return f"--{knob.replace('_', '-')} must be in [0, {MAX_BUDGET}], got {v}"
+    return None
+
+
 def _check_args(args) -> str | None:
     """What is wrong with the arguments (checked before the model loads), or None."""
     from lookahead._core import MAX_DEPTH
@@ -254,8 +266,6 @@ def _check_args(args) -> str | None:
         return None
     if args.max_new_tokens < 1:
         return "--max-new-tokens must be >= 1"
-    from lookahead.bench.harness import budget_problem
-
     problem = budget_problem(args)
     if problem:
         return problem
@@ -323,9 +333,12 @@ def main(argv: list | None = None) -> int:
     """Entry point of the `lookahead` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
-        from lookahead.bench import main as bench_main
-
-        return bench_main(argv[1:])
+        # The benchmarks left the package: they compare against peers a user does not install.
+        _say(
+            "lookahead: `lookahead bench` moved out of the package: from a clone of the "
+            f"repository, after `make dev`, run `python -m benchmarks {' '.join(argv[1:2]) or 'NAME'} ...`"
+        )
+        return 2
     args = build_parser().parse_args(argv)
     if sys.stdout is None:  # started with stdout closed (`>&-`): the output would be lost
         _say("lookahead: stdout is closed: nowhere to write the output")
@@ -341,7 +354,7 @@ def main(argv: list | None = None) -> int:
     from lookahead.models import ModelLoadError
 
     if args.command == "demo":
-        from lookahead.bench.harness import check_outputs
+        from lookahead.output import check_outputs
 
         check_outputs(args.json, plot=args.plot)  # before the model loads and the prompts run
     try:

@@ -452,7 +452,7 @@ def main(args) -> int:
     if busy:
         print(busy, file=sys.stderr)
     if args.json:
-        from lookahead.bench.harness import command_line, header, write_output
+        from lookahead.output import command_line, header, write_output
 
         payload = {
             **header(command_line("lookahead", None)),

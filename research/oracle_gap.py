@@ -11,7 +11,7 @@ each of our steps, compares our accepted tokens with the oracle's length at the 
 The oracle may copy after any occurrence of any suffix, the last token alone included, so at
 small `k` with a large fan-out it picks, in hindsight, one occurrence among many.
 
-    python benchmarks/oracle_gap.py [TRACES] [BUDGET]
+    python -m research.oracle_gap [TRACES] [BUDGET]
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
-from lookahead.bench.accept import accepted_length, oracle_tables
-from lookahead.bench.harness import run_script
-from lookahead.bench.peers.ours import LookaheadDrafter
-from lookahead.bench.traces import read_traces
+
+from benchmarks.accept import accepted_length, oracle_tables
+from benchmarks.harness import run_script
+from benchmarks.peers.ours import LookaheadDrafter
+from benchmarks.traces import read_traces
 
 K_BINS = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 11))
 FAN_BINS = ((1, 1), (2, 3), (4, 10**9))

@@ -1,6 +1,6 @@
-"""Acceptance simulator: `lookahead bench accept`.
+"""Acceptance simulator: `python -m benchmarks accept`.
 
-Replays recorded traces (`lookahead bench traces`) through every drafter under one protocol:
+Replays recorded traces (`python -m benchmarks traces`) through every drafter under one protocol:
 
 - Requests run one after another in trace order; each drafter keeps one cache for all of them,
   so earlier outputs can help later requests. Each budget B gets fresh drafters. The drafters
@@ -31,21 +31,14 @@ import time
 from collections import defaultdict
 
 import numpy as np
-
-from lookahead.bench.harness import (
-    check_outputs,
-    command_line,
-    header,
-    percentile,
-    positive_ints,
-    write_json,
-)
-from lookahead.bench.peers import accepted_length, check_tree
-from lookahead.bench.peers.oracle import CopyOracle
-from lookahead.bench.traces import CATEGORIES, DEFAULT_OUT, read_traces, topk_rows
+from lookahead.output import check_outputs, command_line, header, write_json
 from lookahead.recycling import first_prompt_row
 
-ORACLE = "copy-oracle"
+from benchmarks.harness import percentile, positive_ints
+from benchmarks.peers import accepted_length, check_tree
+from benchmarks.peers.oracle import ORACLE, CopyOracle
+from benchmarks.traces import CATEGORIES, DEFAULT_OUT, read_traces, topk_rows
+
 # The recycled-predictions settings `ours-recycled` runs with unless --ours-config says
 # otherwise (the engine's `recycle=True` uses the same).
 RECYCLE_DEFAULTS = {"recycle_k": 8}
@@ -53,7 +46,7 @@ RECYCLE_DEFAULTS = {"recycle_k": 8}
 
 def _ours(multi):
     def make(budget, opts):
-        from lookahead.bench.peers.ours import LookaheadDrafter
+        from benchmarks.peers.ours import LookaheadDrafter
 
         return LookaheadDrafter(
             multi_branch=multi, label=opts.get("label", ""), **opts.get("ours", {})
@@ -64,7 +57,7 @@ def _ours(multi):
 
 def _recycling(multi):
     def make(budget, opts):
-        from lookahead.bench.peers.ours import LookaheadDrafter
+        from benchmarks.peers.ours import LookaheadDrafter
 
         kwargs = {**RECYCLE_DEFAULTS, **opts.get("ours", {})}
         return LookaheadDrafter(multi_branch=multi, label=opts.get("label", ""), **kwargs)
@@ -74,7 +67,7 @@ def _recycling(multi):
 
 def _sglang(match_type, insert_prompt=False):
     def make(budget, opts):
-        from lookahead.bench.peers.sglang_ngram import SglangNgramDrafter
+        from benchmarks.peers.sglang_ngram import SglangNgramDrafter
 
         return SglangNgramDrafter(budget, match_type=match_type, insert_prompt=insert_prompt)
 
@@ -83,7 +76,7 @@ def _sglang(match_type, insert_prompt=False):
 
 def _suffix(tree):
     def make(budget, opts):
-        from lookahead.bench.peers.suffix_decoding import SuffixDecodingDrafter
+        from benchmarks.peers.suffix_decoding import SuffixDecodingDrafter
 
         return SuffixDecodingDrafter(tree=tree)
 
@@ -92,7 +85,7 @@ def _suffix(tree):
 
 def _pld(num_output_tokens):
     def make(budget, opts):
-        from lookahead.bench.peers.pld import PldDrafter
+        from benchmarks.peers.pld import PldDrafter
 
         return PldDrafter(num_output_tokens=num_output_tokens, eos_token_id=opts.get("eos"))
 
@@ -101,7 +94,7 @@ def _pld(num_output_tokens):
 
 def _vllm(min_n, max_n):
     def make(budget, opts):
-        from lookahead.bench.peers.vllm_ngram import VllmNgramDrafter
+        from benchmarks.peers.vllm_ngram import VllmNgramDrafter
 
         return VllmNgramDrafter(min_n=min_n, max_n=max_n)
 
@@ -228,7 +221,7 @@ def _prediction_rows(drafter, req):
         return None
     if "topk_ids" not in req:
         raise SystemExit(
-            f"{drafter.name} needs traces with the target's top-k (lookahead bench traces "
+            f"{drafter.name} needs traces with the target's top-k (python -m benchmarks traces "
             f"--add-topk 8); question {req['question_id']} has none"
         )
     return topk_rows(req)
@@ -355,9 +348,11 @@ def _parse_kv(items):
 def main(argv: list[str] | None = None) -> int:
     """Run the simulator; see the module docstring."""
     p = argparse.ArgumentParser(
-        prog="lookahead bench accept", description="Acceptance simulator over recorded traces."
+        prog="python -m benchmarks accept", description="Acceptance simulator over recorded traces."
     )
-    p.add_argument("--traces", default=DEFAULT_OUT, help="recorded traces (lookahead bench traces)")
+    p.add_argument(
+        "--traces", default=DEFAULT_OUT, help="recorded traces (python -m benchmarks traces)"
+    )
     p.add_argument(
         "--budgets", type=positive_ints, default=[8, 16, 32], help="comma-separated draft budgets B"
     )
@@ -423,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
 
-    result = header(command_line("lookahead bench accept", argv))
+    result = header(command_line("python -m benchmarks accept", argv))
     result.update(
         {
             "traces": args.traces,
@@ -476,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, result)
     if args.plot:
-        from lookahead.bench.plot import plot_accept
+        from benchmarks.plot import plot_accept
 
         plot_accept(result, args.plot)
     return 0

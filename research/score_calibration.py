@@ -5,7 +5,7 @@ for every drafted node whose parent was accepted, compares its conditional score
 over its parent's: the drafter's estimate that it is accepted given its parent was) with how
 often it was, binned by that score and by the node's depth in the draft.
 
-    python benchmarks/score_calibration.py [TRACES]
+    python -m research.score_calibration [TRACES]
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from collections import defaultdict
 
 import numpy as np
 from lookahead import LookaheadCache
-from lookahead.bench.harness import run_script
-from lookahead.bench.traces import DEFAULT_OUT, read_traces
+
+from benchmarks.harness import run_script
+from benchmarks.traces import DEFAULT_OUT, read_traces
 
 BUDGET = 16
 

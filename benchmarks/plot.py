@@ -4,7 +4,7 @@ Each bench draws its chart with `--plot PNG` at the end of a run; this module al
 from a saved `--json` file, so the charts in BENCHMARKS.md come from the very numbers its
 tables quote:
 
-    lookahead bench plot RESULT.json OUT.png
+    python -m benchmarks plot RESULT.json OUT.png
 
 The kind of result (`accept`, `trie` or `e2e`) is read from the file.
 """
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from lookahead.bench.accept import ORACLE
+from benchmarks.peers.oracle import ORACLE
 
 
 def _pyplot():
@@ -55,7 +55,7 @@ def _grouped(ax, cols, series, width=None):
 
 
 def plot_e2e(summary: dict, cats: list[str], path) -> None:
-    """`lookahead bench e2e`: tokens/s and speed-up over plain, per category; and for each
+    """`python -m benchmarks e2e`: tokens/s and speed-up over plain, per category; and for each
     lookahead policy, how many draft nodes its steps verified (a histogram)."""
     plt = _pyplot()
     cols = [*cats, "overall"]
@@ -105,7 +105,7 @@ def _best(rows, names, col):
 
 
 def plot_accept(result: dict, path) -> None:
-    """`lookahead bench accept`: per budget, AL per category of ours, the best peer variant,
+    """`python -m benchmarks accept`: per budget, AL per category of ours, the best peer variant,
     the best default peer and the copy-oracle; and every drafter's overall AL and host µs."""
     plt = _pyplot()
     budgets = result["budgets"]
@@ -146,7 +146,7 @@ def plot_accept(result: dict, path) -> None:
 
 
 def plot_trie(result: dict, path) -> None:
-    """`lookahead bench trie`: prompt indexing per token, draft cost per budget, and (with
+    """`python -m benchmarks trie`: prompt indexing per token, draft cost per budget, and (with
     `--peers`) the whole step against vLLM's scan as contexts grow; log scales."""
     plt = _pyplot()
     rows = result["rows"]
@@ -209,13 +209,17 @@ def plot_result(result: dict, path) -> str:
     if "budgets" in result and "rows" in result:
         plot_accept(result, path)
         return "accept"
-    raise SystemExit("not a result of lookahead bench accept, trie or e2e")
+    raise SystemExit("not a result of python -m benchmarks accept, trie or e2e")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`lookahead bench plot RESULT.json OUT.png`."""
-    p = argparse.ArgumentParser(prog="lookahead bench plot", description=__doc__.split("\n")[0])
-    p.add_argument("result", help="a --json file written by lookahead bench accept, trie or e2e")
+    """`python -m benchmarks plot RESULT.json OUT.png`."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks plot", description=__doc__.split("\n")[0]
+    )
+    p.add_argument(
+        "result", help="a --json file written by python -m benchmarks accept, trie or e2e"
+    )
     p.add_argument("out", help="the PNG to write")
     args = p.parse_args(argv)
     try:
@@ -224,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"cannot read {args.result}: {err}") from err
     if not isinstance(result, dict):
         raise SystemExit(f"{args.result} is not a bench's --json file (a JSON object)")
-    from lookahead.bench.harness import check_outputs
+    from lookahead.output import check_outputs
 
     check_outputs(plot=args.out)
     plot_result(result, args.out)

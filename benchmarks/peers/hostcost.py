@@ -1,6 +1,6 @@
-"""Host cost of the peers' indexes, for `lookahead bench trie --peers`.
+"""Host cost of the peers' indexes, for `python -m benchmarks trie --peers`.
 
-Same token streams as ours (`lookahead.bench.trie`): prompt indexing at 1k / 8k / 32k tokens,
+Same token streams as ours (`benchmarks.trie`): prompt indexing at 1k / 8k / 32k tokens,
 a history of about 1M tokens, drafts at budgets 8 / 16 / 32 on it, and memory per indexed
 token (resident-set growth, the only measure both C++ libraries allow from outside). Each
 peer is driven through its real Python entry point, as its integration calls it:
@@ -14,7 +14,7 @@ peer is driven through its real Python entry point, as its integration calls it:
   token and `draft` (budget 16, tree), and the fused `step`, on requests whose prompts are
   1k / 8k / 32k-token contexts (the per-step cost must not grow with the context).
 
-Rows follow `lookahead.bench.trie`'s format; a peer that is not installed yields no rows and
+Rows follow `benchmarks.trie`'s format; a peer that is not installed yields no rows and
 a message on stderr.
 """
 
@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from lookahead.bench.harness import percentile
+from benchmarks.harness import percentile
 
 
 def _index_row(path: str, n: int, wall: list) -> dict:
@@ -90,7 +90,7 @@ def _contexts(stream: np.ndarray, n: int, length: int, seed: int = 0) -> list[np
 
 def sglang_rows(stream, sizes, history_tokens, budgets, iters) -> list[dict]:
     """Insert and draft cost of SGLang's NGRAM corpus."""
-    from lookahead.bench.peers.sglang_ngram import _import_corpus_class
+    from benchmarks.peers.sglang_ngram import _import_corpus_class
 
     corpus_cls = _import_corpus_class()
     rows = []
@@ -207,7 +207,8 @@ def step_vs_scan_rows(stream, context_sizes, budget, iters, rounds=10) -> list[d
     step's mean over the scan's.
     """
     from lookahead import LookaheadCache
-    from lookahead.bench.peers.vllm_ngram import find_longest_matched_ngram
+
+    from benchmarks.peers.vllm_ngram import find_longest_matched_ngram
 
     n_req = 16
     rounds = max(1, min(rounds, iters))
@@ -281,7 +282,7 @@ def step_vs_scan_rows(stream, context_sizes, budget, iters, rounds=10) -> list[d
 
 
 def trie_rows(texts, stream, args) -> list[dict]:
-    """All peers' rows for `lookahead bench trie --peers` (`args.quick` shrinks the sizes)."""
+    """All peers' rows for `python -m benchmarks trie --peers` (`args.quick` shrinks the sizes)."""
     quick = bool(getattr(args, "quick", False))
     sizes = [1_000, 8_000] if quick else [1_000, 8_000, 32_000]
     history = 100_000 if quick else 1_000_000

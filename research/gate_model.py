@@ -6,7 +6,7 @@ a step that verifies a draft costs COST (on this CPU a 2-17-row fp32 forward cos
 one-row one, BENCHMARKS.md §1). Every draft's accepted length is known from the trace, so
 each gate rule is scored without running the model: modelled speed-up = tokens / cost.
 
-    python benchmarks/gate_model.py data/traces/specbench_smollm2.jsonl.gz 8 1.85
+    python -m research.gate_model data/traces/specbench_smollm2.jsonl.gz 8 1.85
 
 Rules: `never` (plain decoding), `always`, `sum>=X` (the engine's rule: draft when the sum
 of the draft's path scores reaches X) and `cal>=X` (the same sum times this request's
@@ -19,9 +19,10 @@ from collections import defaultdict
 
 import numpy as np
 from lookahead import LookaheadCache
-from lookahead.bench.harness import run_script
-from lookahead.bench.peers import accepted_length
-from lookahead.bench.traces import read_traces
+
+from benchmarks.harness import run_script
+from benchmarks.peers import accepted_length
+from benchmarks.traces import read_traces
 
 
 def rules() -> dict:

@@ -1,7 +1,7 @@
 """Same-process A/B of two builds of the Rust core, next to vLLM's bare n-gram scan.
 
-    python benchmarks/host_ab.py OLD/_core.abi3.so NEW/_core.abi3.so [CTX] [ROUNDS] [--history]
-    python benchmarks/host_ab.py OLD/_core.abi3.so NEW/_core.abi3.so --drafts [ROUNDS]
+    python -m research.host_ab OLD/_core.abi3.so NEW/_core.abi3.so [CTX] [ROUNDS] [--history]
+    python -m research.host_ab OLD/_core.abi3.so NEW/_core.abi3.so --drafts [ROUNDS]
 
 Build each version (`cargo build --release --features python --manifest-path
 rust/Cargo.toml`, then copy `target/release/liblookahead_core.so` somewhere; never over the
@@ -15,7 +15,7 @@ history (58k tokens of Spec-Bench; the requests' prompts come from the second ha
 drafts also read a large shared history, as a server's do after a while; the scan reads only
 the request's context, as it always does.
 
-`--drafts`: drafts alone, as `lookahead bench trie` times them (`Cache._time_drafts`, timed
+`--drafts`: drafts alone, as `python -m benchmarks trie` times them (`Cache._time_drafts`, timed
 inside Rust): a history of 1M nodes (the Spec-Bench words, shifted copies), 64 requests
 with 1k-token prompts, budget 8 / 16 / 32 trees and a 16-token chain; rounds of 5,000 drafts
 alternate between the builds (default 10).
@@ -30,10 +30,11 @@ import time
 
 import numpy as np
 from lookahead import LookaheadCache
-from lookahead.bench.harness import run_script
-from lookahead.bench.peers.vllm_ngram import find_longest_matched_ngram
-from lookahead.bench.traces import DEFAULT_QUESTIONS
-from lookahead.bench.trie import (
+
+from benchmarks.harness import run_script
+from benchmarks.peers.vllm_ngram import find_longest_matched_ngram
+from benchmarks.traces import DEFAULT_QUESTIONS
+from benchmarks.trie import (
     fill_history,
     spec_bench_texts,
     start_drafting_requests,
@@ -56,7 +57,7 @@ def drafts_ab(mods: dict, rounds: int) -> int:
     stream = np.concatenate(texts)
     caches = {}
     for k, m in mods.items():
-        # As `lookahead bench trie` builds them, on each build's core.
+        # As `python -m benchmarks trie` builds them, on each build's core.
         cache = LookaheadCache(_core_cache=m.Cache(12, 4_000_000, 4.0, 1.0, False, False, 0))
         fill_history(cache, texts, 1_000_000)
         rids = start_drafting_requests(cache, stream, 64, 1_000)

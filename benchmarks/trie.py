@@ -1,4 +1,4 @@
-"""`python -m lookahead.bench trie`: host cost of the trie (indexing, drafting, memory).
+"""`python -m benchmarks trie`: host cost of the trie (indexing, drafting, memory).
 
 Measures, on this machine:
 - prompt indexing of 1k / 8k / 32k-token prompts at depth 12: ns per token, in the core
@@ -18,9 +18,9 @@ Measures, on this machine:
   that namespace's write lock);
 - with `--peers`, next to the peers' rows: our cost per decoding step through the Python API
   (`extend` + `draft`, and the fused `step`) at 1k / 8k / 32k-token contexts, beside vLLM's
-  n-gram scan over the same contexts (`lookahead.bench.peers.hostcost`).
+  n-gram scan over the same contexts (`benchmarks.peers.hostcost`).
 
-Data: the Spec-Bench questions (`--data`, default `lookahead.bench.traces.default_questions()`:
+Data: the Spec-Bench questions (`--data`, default `benchmarks.traces.default_questions()`:
 $LOOKAHEAD_SPEC_BENCH, the workplace's shared question.jsonl, else the packaged sample) tokenized crudely (words and punctuation, ids by first appearance),
 or `--data zipf`: a Zipf(1.1) stream over 32k ids with repeated phrases. Drafting requests
 take 1k-token slices of the same text as prompts, so their contexts occur in the history
@@ -38,16 +38,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from lookahead import LookaheadCache, _core
-from lookahead.bench.harness import (
-    check_outputs,
-    command_line,
-    header,
-    positive_int,
-    write_json,
-)
-from lookahead.bench.traces import DEFAULT_QUESTIONS
+from lookahead.output import check_outputs, command_line, header, write_json
+
+from benchmarks.harness import positive_int
+from benchmarks.traces import DEFAULT_QUESTIONS
 
 
 def spec_bench_texts(path: Path) -> list[np.ndarray]:
@@ -319,19 +314,21 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def peer_rows(texts, stream, args) -> list[dict]:
-    """Hook for peers' trie costs: `lookahead.bench.peers.trie_rows(texts, stream, args)`
+    """Hook for peers' trie costs: `benchmarks.peers.trie_rows(texts, stream, args)`
     returns rows in this module's format."""
-    from lookahead.bench import peers
+    from benchmarks import peers
 
     fn = getattr(peers, "trie_rows", None)
     if fn is None:
-        raise SystemExit("--peers: lookahead.bench.peers has no trie_rows(texts, stream, args) yet")
+        raise SystemExit("--peers: benchmarks.peers has no trie_rows(texts, stream, args) yet")
     return list(fn(texts, stream, args))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the trie benchmark; print a table, optionally write rows to --json."""
-    ap = argparse.ArgumentParser(prog="lookahead bench trie", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks trie", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--data", default=None, help="Spec-Bench question.jsonl, or 'zipf'")
     ap.add_argument("--depth", type=positive_int, default=12, help="our trie's max_depth")
     ap.add_argument(
@@ -360,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = bench_tenants(4_000 if args.quick else 40_000, 100_000)
         rows.append(bench_compaction(50_000 if args.quick else 400_000))
         print_rows(rows)
-        out = header(command_line("lookahead bench trie", argv))
+        out = header(command_line("python -m benchmarks trie", argv))
         out.update({"bench": "trie", "rows": rows})
         if args.json:
             write_json(args.json, out)
@@ -385,13 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers:
         rows += peer_rows(texts, stream, args)
     print_rows(rows)
-    out = header(command_line("lookahead bench trie", argv))
+    out = header(command_line("python -m benchmarks trie", argv))
     out.update({"bench": "trie", "data": source, "depth": args.depth, "lookahead": _core.__name__, "rows": rows})  # fmt: skip
     if args.json:
         write_json(args.json, out)
         print(f"wrote {args.json}")
     if args.plot:
-        from lookahead.bench.plot import plot_trie
+        from benchmarks.plot import plot_trie
 
         plot_trie(out, args.plot)
     return 0

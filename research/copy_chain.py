@@ -22,16 +22,17 @@ of our multi-branch draft at budget B:
   factor learnt online from how far the chain was right at this request's earlier steps
   (known from the verified tokens), shrunk towards all requests' rates (session 9).
 
-    python benchmarks/copy_chain.py [TRACES] [BUDGET] [--bound-only] [--width=16]
+    python -m research.copy_chain [TRACES] [BUDGET] [--bound-only] [--width=16]
 """
 
 from __future__ import annotations
 
 import numpy as np
 from lookahead import LookaheadCache
-from lookahead.bench.accept import accepted_length, oracle_tables, run_drafter, summarize
-from lookahead.bench.harness import run_script
-from lookahead.bench.traces import read_traces
+
+from benchmarks.accept import accepted_length, oracle_tables, run_drafter, summarize
+from benchmarks.harness import run_script
+from benchmarks.traces import read_traces
 
 MAX_SUFFIX = 11
 

@@ -1,8 +1,8 @@
 """Try drafting rules in pure Python before building them in Rust (BENCHMARKS.md §2.1).
 
 A slow, brute-force drafter on top of `tests/reference_trie.py`'s counts, replayed through
-the acceptance simulator (`lookahead.bench.accept.run_drafter`, same protocol and oracle
-leak check as `lookahead bench accept`), multi-branch only. Each variant is a set of keyword
+the acceptance simulator (`benchmarks.accept.run_drafter`, same protocol and oracle
+leak check as `python -m benchmarks accept`), multi-branch only. Each variant is a set of keyword
 arguments:
 
 - `mode`: "longest" (the longest match only: session 1's rules), "ppm" (backoff to shorter
@@ -33,7 +33,7 @@ arguments:
 
 The core's current rules are `mode="ppm_root",cut=0.2,lowcap=4,own=True,wp=4,skip=(3,6)`.
 
-    python benchmarks/drafter_prototype.py data/traces/specbench_smollm2.jsonl.gz 16 \
+    python -m research.drafter_prototype data/traces/specbench_smollm2.jsonl.gz 16 \
         'mode="longest"' 'mode="ppm",cut=0.2,tau=10000'
 
 `--twice` before the traces replays them twice (see `main`).
@@ -52,10 +52,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from lookahead.bench.accept import oracle_tables, run_drafter, summarize  # noqa: E402
-from lookahead.bench.harness import parse_kwargs, run_script  # noqa: E402
-from lookahead.bench.traces import read_traces  # noqa: E402
 from reference_trie import ReferenceCache, _windows_into  # noqa: E402
+
+from benchmarks.accept import oracle_tables, run_drafter, summarize  # noqa: E402
+from benchmarks.harness import parse_kwargs, run_script  # noqa: E402
+from benchmarks.traces import read_traces  # noqa: E402
 
 
 class Prototype(ReferenceCache):

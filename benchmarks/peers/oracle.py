@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# The oracle's name in result tables.
+ORACLE = "copy-oracle"
+
 
 class CopyOracle:
     """Seen documents of one simulator pass, and per-position oracle lengths for the next one."""

@@ -6,17 +6,17 @@ rotating order, so a phase of this VM's speed hits them alike). Prints each one'
 step, its draft + extend time per step and its history nodes at the end. A configuration is
 `LookaheadCache` keyword arguments, as Python literals:
 
-    python benchmarks/config_cost.py [--traces FILE] CONFIG [CONFIG ...]
-    python benchmarks/config_cost.py max_depth=8 max_depth=10 max_depth=12
-    python benchmarks/config_cost.py history_skip=None 'history_skip=(3,6)'
+    python -m research.config_cost [--traces FILE] CONFIG [CONFIG ...]
+    python -m research.config_cost max_depth=8 max_depth=10 max_depth=12
+    python -m research.config_cost history_skip=None 'history_skip=(3,6)'
 """
 
 from __future__ import annotations
 
-from lookahead.bench.accept import oracle_tables, run_drafters, summarize
-from lookahead.bench.harness import parse_kwargs, run_script
-from lookahead.bench.peers.ours import LookaheadDrafter
-from lookahead.bench.traces import DEFAULT_OUT, read_traces
+from benchmarks.accept import oracle_tables, run_drafters, summarize
+from benchmarks.harness import parse_kwargs, run_script
+from benchmarks.peers.ours import LookaheadDrafter
+from benchmarks.traces import DEFAULT_OUT, read_traces
 
 
 def main(argv: list[str]) -> int:

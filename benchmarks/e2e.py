@@ -1,4 +1,4 @@
-"""End to end: `lookahead bench e2e` (CPU by default; `--device cuda` on a GPU).
+"""End to end: `python -m benchmarks e2e` (CPU by default; `--device cuda` on a GPU).
 
 The default model (`--dtype auto`: fp32 on CPUs without native bf16, else bf16), batch 1,
 greedy, on a fixed Spec-Bench sample of every category: plain `generate`, HF prompt lookup
@@ -21,18 +21,14 @@ import sys
 import time
 from collections import defaultdict
 
-from lookahead.bench.harness import (
-    budget_problem,
-    check_outputs,
-    command_line,
-    header,
-    positive_int,
-    write_json,
-)
-from lookahead.bench.plot import plot_e2e
-from lookahead.bench.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions
+from lookahead.cli import budget_problem
 from lookahead.models import DTYPES
+from lookahead.output import check_outputs, command_line, header, write_json
 from lookahead.recycling import RECYCLE_MODES
+
+from benchmarks.harness import positive_int
+from benchmarks.plot import plot_e2e
+from benchmarks.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions
 
 # Lookahead's defaults before drafts were sized by measured costs (CPU: 8 nodes, 16 after a
 # step accepted 4+, verify only drafts whose scores sum to 0.85): the reference to beat.
@@ -60,7 +56,7 @@ def fixed_policies(text: str) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the end-to-end comparison; see the module docstring."""
-    p = argparse.ArgumentParser(prog="lookahead bench e2e", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks e2e", description=__doc__.split("\n")[0])
     p.add_argument(
         "--questions",
         default=str(DEFAULT_QUESTIONS),
@@ -122,11 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--recycle takes 'on' and/or 'path', got {args.recycle!r}")
 
     import torch
-    from tqdm import tqdm
-
     from lookahead.engine import LookaheadGenerator
     from lookahead.engine import generate as lookahead_generate
     from lookahead.models import load_model, resolve_dtype
+    from tqdm import tqdm
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -138,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.dtype = resolve_dtype(args.dtype, args.device)
     except ValueError as err:
-        raise SystemExit(f"lookahead bench e2e: {err}") from None
+        raise SystemExit(f"python -m benchmarks e2e: {err}") from None
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
     eos = tok.eos_token_id
     given = {
@@ -330,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot_e2e(summary, [c for c in cols if c != "overall"], args.plot)
     if args.json:
-        res = header(command_line("lookahead bench e2e", argv))
+        res = header(command_line("python -m benchmarks e2e", argv))
         res.update({"config": vars(args), "summary": summary, "records": records})
         if costs is not None:
             res["cost_model"] = costs.to_json()

@@ -6,7 +6,7 @@ with the tokens the step verified (accepted + bonus), `finish_request` at the en
 returns a tree over the *draft* nodes only: `parents[i] == -1` means a child of the root (the
 last verified token); a chain is a tree whose node `i` has parent `i - 1`.
 
-Peer modules import their package lazily, so `import lookahead.bench.peers` needs none of them.
+Peer modules import their package lazily, so `import benchmarks.peers` needs none of them.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def check_tree(name: str, tokens: Sequence[int], parents: Sequence[int], budget:
 
 
 def trie_rows(texts, stream, args) -> list[dict]:
-    """Peers' host-cost rows for `lookahead bench trie --peers` (see `peers/hostcost.py`)."""
-    from lookahead.bench.peers.hostcost import trie_rows as rows
+    """Peers' host-cost rows for `python -m benchmarks trie --peers` (see `peers/hostcost.py`)."""
+    from benchmarks.peers.hostcost import trie_rows as rows
 
     return rows(texts, stream, args)

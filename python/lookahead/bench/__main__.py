@@ -1,5 +1,0 @@
-import sys
-
-from lookahead.bench import main
-
-sys.exit(main())
