@@ -46,21 +46,19 @@ RECYCLE_DEFAULTS = {"recycle_k": 8}
 
 def _ours(multi):
     def make(budget, opts):
-        from benchmarks.peers.ours import LookaheadDrafter
+        from benchmarks.peers.ours import OursDrafter
 
-        return LookaheadDrafter(
-            multi_branch=multi, label=opts.get("label", ""), **opts.get("ours", {})
-        )
+        return OursDrafter(multi_branch=multi, label=opts.get("label", ""), **opts.get("ours", {}))
 
     return make
 
 
 def _recycling(multi):
     def make(budget, opts):
-        from benchmarks.peers.ours import LookaheadDrafter
+        from benchmarks.peers.ours import OursDrafter
 
         kwargs = {**RECYCLE_DEFAULTS, **opts.get("ours", {})}
-        return LookaheadDrafter(multi_branch=multi, label=opts.get("label", ""), **kwargs)
+        return OursDrafter(multi_branch=multi, label=opts.get("label", ""), **kwargs)
 
     return make
 

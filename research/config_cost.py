@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from benchmarks.accept import oracle_tables, run_drafters, summarize
 from benchmarks.harness import parse_kwargs, run_script
-from benchmarks.peers.ours import LookaheadDrafter
+from benchmarks.peers.ours import OursDrafter
 from benchmarks.traces import DEFAULT_OUT, read_traces
 
 
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     traces = read_traces(path)
-    drafters = [LookaheadDrafter(True, label=spec, **parse_kwargs(spec)) for spec in argv]
+    drafters = [OursDrafter(True, label=spec, **parse_kwargs(spec)) for spec in argv]
     rows = run_drafters(drafters, traces, oracle_tables(traces, 16), 16)
     for spec, drafter, r in zip(argv, drafters, rows):
         s = summarize(r)["overall"]

@@ -18,7 +18,7 @@ from lookahead import LookaheadCache
 
 from benchmarks.accept import oracle_tables, run_drafters, summarize
 from benchmarks.harness import run_script
-from benchmarks.peers.ours import LookaheadDrafter
+from benchmarks.peers.ours import OursDrafter
 from benchmarks.peers.vllm_ngram import VllmNgramDrafter
 from benchmarks.traces import DEFAULT_OUT, read_traces
 
@@ -68,7 +68,7 @@ def extend_alone(n: int = 20_000) -> None:
 
 def main(argv: list[str]) -> int:
     traces = read_traces(argv[0] if argv else DEFAULT_OUT)
-    drafters = [Timed(LookaheadDrafter(True)), Timed(VllmNgramDrafter())]
+    drafters = [Timed(OursDrafter(True)), Timed(VllmNgramDrafter())]
     rows = run_drafters(drafters, traces, oracle_tables(traces, 16), 16)
     for d, r in zip(drafters, rows):
         s = summarize(r)["overall"]

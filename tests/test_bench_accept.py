@@ -273,7 +273,7 @@ def test_chaining_past_the_copy_oracle_is_counted_not_an_error(tmp_path):
 
 
 def test_drafters_take_turns_and_score_as_alone(tmp_path):
-    from benchmarks.peers.ours import LookaheadDrafter
+    from benchmarks.peers.ours import OursDrafter
 
     path = tmp_path / "t.jsonl.gz"
     _write_traces(path)
@@ -281,7 +281,7 @@ def test_drafters_take_turns_and_score_as_alone(tmp_path):
     tables = accept.oracle_tables(traces, 8)
     log = []
 
-    class Logged(LookaheadDrafter):
+    class Logged(OursDrafter):
         def start_request(self, rid, prompt):
             log.append((self.name, rid))
             super().start_request(rid, prompt)
@@ -296,7 +296,7 @@ def test_drafters_take_turns_and_score_as_alone(tmp_path):
     ]
     # Taking turns changes nothing a drafter drafts: its rows equal a run alone.
     for mb, got in ((True, rows[0]), (False, rows[1])):
-        alone = accept.run_drafter(LookaheadDrafter(mb), traces, tables, 8)
+        alone = accept.run_drafter(OursDrafter(mb), traces, tables, 8)
         assert [r["accepted"] for r in got] == [r["accepted"] for r in alone]
 
 

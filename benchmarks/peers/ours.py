@@ -10,7 +10,7 @@ the simulator can score the cache's knobs.
 from __future__ import annotations
 
 
-class LookaheadDrafter:
+class OursDrafter:
     """Our trie, single-branch (`multi_branch=False`) or multi-branch; with `recycle_k > 0`
     also the target's recycled predictions, which the simulator hands to `extend` as
     `predictions` (the rows of the tokens it verified that step, as the engine does)."""

@@ -343,7 +343,7 @@ class LookaheadGenerator:
         self.model = model
         self.tokenizer = tokenizer
         if cache is None:
-            from lookahead import LookaheadCache
+            from lookahead.cache import LookaheadCache
 
             cache = LookaheadCache(max_depth=depth, recycle_k=RECYCLE_K if recycle else 0)
         # A stand-in without `config` (tests, a custom drafter) keeps no predictions.

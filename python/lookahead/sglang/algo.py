@@ -20,6 +20,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from lookahead.sglang.config import (
+    ALGORITHM_NAME,
     LookaheadConfigError,
     ServingConfig,
     read_env,
@@ -28,7 +29,6 @@ from lookahead.sglang.config import (
 
 __all__ = ["ALGORITHM_NAME", "LookaheadSpecAlgo", "register_algorithm", "unwrap_record"]
 
-ALGORITHM_NAME = "LOOKAHEAD"
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# The `--speculative-algorithm` value the plugin registers.
+ALGORITHM_NAME = "LOOKAHEAD"
+
 __all__ = [
+    "ALGORITHM_NAME",
     "CONFIG_ENV",
     "EXTRA_KEYS",
     "NAMESPACE_MODES",

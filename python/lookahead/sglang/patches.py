@@ -32,7 +32,7 @@ _applied: set[str] = set()
 def _lora_compat(original: Callable[..., Any], server_args: Any, *args: Any, **kwargs: Any) -> Any:
     from sglang.srt.arg_groups.overrides import resolving_view
 
-    from lookahead.sglang.algo import ALGORITHM_NAME
+    from lookahead.sglang.config import ALGORITHM_NAME
 
     if resolving_view(server_args).speculative_algorithm == ALGORITHM_NAME:
         return None
