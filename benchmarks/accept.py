@@ -31,8 +31,8 @@ import time
 from collections import defaultdict
 
 import numpy as np
+from lookahead.hf.recycling import first_prompt_row
 from lookahead.output import check_outputs, command_line, header, write_json
-from lookahead.recycling import first_prompt_row
 
 from benchmarks.harness import percentile, positive_ints
 from benchmarks.peers import accepted_length, check_tree

@@ -24,8 +24,8 @@ from collections import defaultdict
 import numpy as np
 from lookahead import LookaheadCache
 from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes, greedy_outcomes
-from lookahead.engine import AUTO_MAX_NODES, DEEP_ACCEPT
-from lookahead.recycling import RECYCLE_K, first_prompt_row
+from lookahead.hf import AUTO_MAX_NODES, DEEP_ACCEPT
+from lookahead.hf.recycling import RECYCLE_K, first_prompt_row
 
 from benchmarks.peers import accepted_length
 from benchmarks.peers.pld import PldDrafter

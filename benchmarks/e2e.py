@@ -3,7 +3,7 @@
 The default model (`--dtype auto`: fp32 on CPUs without native bf16, else bf16), batch 1,
 greedy, on a fixed Spec-Bench sample of every category: plain `generate`, HF prompt lookup
 decoding (`generate(prompt_lookup_num_tokens=10)`), lookahead as shipped
-(`lookahead.engine.LookaheadGenerator`: drafts sized by the measured cost of rows, one cache
+(`lookahead.hf.LookaheadGenerator`: drafts sized by the measured cost of rows, one cache
 kept across the prompts, as a server keeps it; `--fresh-cache`: a new cache per prompt) and
 lookahead with each fixed draft policy of `--fixed` (budget/max_budget/min_draft_score, each
 with its own cache), and the shipped policy with the target's recycled predictions
@@ -22,9 +22,9 @@ import time
 from collections import defaultdict
 
 from lookahead.cli import budget_problem
+from lookahead.hf.recycling import RECYCLE_MODES
 from lookahead.models import DTYPES
 from lookahead.output import check_outputs, command_line, header, write_json
-from lookahead.recycling import RECYCLE_MODES
 
 from benchmarks.harness import positive_int
 from benchmarks.plot import plot_e2e
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--recycle takes 'on' and/or 'path', got {args.recycle!r}")
 
     import torch
-    from lookahead.engine import LookaheadGenerator
-    from lookahead.engine import generate as lookahead_generate
+    from lookahead.hf import LookaheadGenerator
+    from lookahead.hf import generate as lookahead_generate
     from lookahead.models import load_model, resolve_dtype
     from tqdm import tqdm
 

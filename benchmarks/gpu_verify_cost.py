@@ -8,7 +8,7 @@ Speculative decoding pays when accepted tokens per step exceed this ratio: the s
 (`python -m benchmarks accept`) gives the first, this script the second. Weights are random (the
 cost of a forward does not depend on their values), in the shapes of the default model
 (SmolLM2-135M) and of an 8B Llama, so no weights travel. Each forward passes explicit
-positions and a 4-D additive mask, as the engine does (`lookahead.engine`), through SDPA; the
+positions and a 4-D additive mask, as the engine does (`lookahead.hf`), through SDPA; the
 cache is cropped back to L after each timed forward. CUDA timings: CUDA events around each
 forward after warm-up, median and p90 of `--iters`.
 """

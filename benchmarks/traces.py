@@ -121,10 +121,10 @@ P16_SCALE = 65535
 def target_topk(model, ids: Sequence[int], k: int) -> tuple[list[list[int]], list[list[int]]]:
     """The target's top-`k` next tokens after each of `ids[:-1]` (row i: the distribution of
     `ids[i + 1]` given `ids[: i + 1]`), as (ids, probabilities * `P16_SCALE` rounded), from one
-    forward over `ids`: the rows the engine hands its cache (`lookahead.recycling.top_rows`)."""
+    forward over `ids`: the rows the engine hands its cache (`lookahead.hf.recycling.top_rows`)."""
     import numpy as np
     import torch
-    from lookahead.recycling import top_rows
+    from lookahead.hf.recycling import top_rows
 
     x = torch.tensor([list(ids)], device=model.device)
     with torch.inference_mode():

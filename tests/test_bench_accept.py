@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lookahead import recycling
+from lookahead.hf import recycling
 
 from benchmarks import accept, traces
 from benchmarks.peers import chain

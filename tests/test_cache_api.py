@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -510,12 +511,14 @@ def test_package_exports():
     # have imported them already), and `import lookahead` alone imports no torch.
     code = (
         "import sys, lookahead; assert 'torch' not in sys.modules; "
-        "print(lookahead.models.load_model.__module__, lookahead.sampling.__name__)"
+        "print(lookahead.models.load_model.__module__, lookahead.hf.sampling.__name__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["lookahead.models", "lookahead.sampling"]
+    assert out.stdout.split() == ["lookahead.models", "lookahead.hf.sampling"]
     with pytest.raises(AttributeError):
         lookahead.nope  # noqa: B018
+    with pytest.raises(ImportError, match="lookahead.engine is now lookahead.hf"):
+        importlib.import_module("lookahead.engine")
 
 
 def test_draft_batch_pads_to_a_fixed_width():

@@ -94,7 +94,7 @@ def test_recycle_reaches_the_engine(monkeypatch):
     monkeypatch.setattr(cli, "_generate", lambda args: seen.append(args.recycle) or 0)
     for flag in ("off", "on", "path"):
         assert cli.main(["generate", "--prompt", "x", "--recycle", flag]) == 0
-    from lookahead.recycling import RECYCLE_MODES
+    from lookahead.hf.recycling import RECYCLE_MODES
 
     assert [RECYCLE_MODES[f] for f in seen] == [False, True, "path"]
     with pytest.raises(SystemExit):
@@ -261,7 +261,7 @@ def test_demo_main_writes_json(tmp_path, monkeypatch, capsys):
 
 
 def test_demo_explains_forks_and_fails_on_a_wrong_token(tmp_path, monkeypatch, capsys):
-    from lookahead.engine import LookaheadGenerator
+    from lookahead.hf import LookaheadGenerator
 
     model, tok = tiny_model("llama", seed=5), tiny_tokenizer()
     monkeypatch.setattr("lookahead.models.load_model", lambda *a, **k: (model, tok))

@@ -17,7 +17,7 @@ from lookahead.costs import (
     load_or_measure,
     measure_costs,
 )
-from lookahead.engine import LookaheadGenerator
+from lookahead.hf import LookaheadGenerator
 from tiny_models import hf_generate, repetitive_prompt, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

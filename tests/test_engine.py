@@ -9,8 +9,8 @@ import pytest
 import torch
 from lookahead import LookaheadCache
 from lookahead.costs import CostModel
-from lookahead.engine import GenerationResult, LookaheadGenerator, generate
-from lookahead.kv import KVCacheError
+from lookahead.hf import GenerationResult, LookaheadGenerator, generate
+from lookahead.hf.kv import KVCacheError
 from tiny_models import (
     EOS_ID,
     FAMILIES,
@@ -498,7 +498,7 @@ def test_low_score_drafts_are_dropped_and_output_unchanged():
 
 
 def test_defaults_size_drafts_by_cost_and_overrides_fix_them():
-    from lookahead.engine import AUTO_MAX_NODES, FIXED_BUDGET
+    from lookahead.hf import AUTO_MAX_NODES, FIXED_BUDGET
 
     model = tiny_model("llama")
     gen = LookaheadGenerator(model)
@@ -534,7 +534,7 @@ class _BudgetSpy:
 
 
 def test_budget_grows_after_a_deep_acceptance():
-    from lookahead.engine import DEEP_ACCEPT
+    from lookahead.hf import DEEP_ACCEPT
 
     model = tiny_model("llama")
     assert LookaheadGenerator(model, budget=3).max_budget == 3  # an explicit budget is fixed
@@ -569,7 +569,7 @@ def test_budget_grows_after_a_deep_acceptance():
 
 
 def test_text_leaves_out_special_tokens_but_stop_strings_see_them():
-    from lookahead.engine import _TextTracker
+    from lookahead.hf.stopping import TextTracker as _TextTracker
 
     tok = tiny_tokenizer(VOCAB)
     ids = [tok.convert_tokens_to_ids(c) for c in "ok"] + [EOS_ID]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from lookahead import models
 from lookahead.demo import chat_ids, plain_generate
-from lookahead.engine import LookaheadGenerator
+from lookahead.hf import LookaheadGenerator
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lookahead.kv import keep_path
+from lookahead.hf.kv import keep_path
 from tiny_models import FAMILIES, tiny_model
 from transformers import DynamicCache
 

@@ -16,7 +16,7 @@ import collections
 import pytest
 import torch
 from lookahead import LookaheadCache
-from lookahead.engine import LookaheadGenerator
+from lookahead.hf import LookaheadGenerator
 from tiny_models import ScriptedCache, tiny_model
 
 VOCAB = 12

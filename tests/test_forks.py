@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import torch
-from lookahead.engine import LookaheadGenerator
 from lookahead.forks import explain_fork, rounding_bound
+from lookahead.hf import LookaheadGenerator
 from tiny_models import EOS_ID, tiny_model
 
 

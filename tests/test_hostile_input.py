@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from lookahead import cli, demo, models, output
-from lookahead.engine import LookaheadGenerator, generate
 from lookahead.errors import InvalidInput, LookaheadError
+from lookahead.hf import LookaheadGenerator, generate
 from tiny_models import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -263,7 +263,7 @@ def test_demo_refuses_a_prompt_past_the_context_before_any_prompt_runs():
 
 
 def test_rope_scaling_that_extends_the_context_is_counted():
-    from lookahead.engine import context_length
+    from lookahead.hf import context_length
 
     model = tiny_model("llama", seed=2, max_position_embeddings=16)
     assert context_length(model) == 16

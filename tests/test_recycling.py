@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lookahead import InvalidInput, LookaheadCache
-from lookahead.engine import LookaheadGenerator
-from lookahead.kv import new_cache
+from lookahead.hf import LookaheadGenerator
+from lookahead.hf.kv import new_cache
 from tiny_models import FAMILIES, hf_generate, repetitive_prompt, tiny_model
 
 VOCAB = 128
@@ -228,7 +228,7 @@ def test_predictions_from_torch_tensors_of_any_float_dtype():
 
 
 def test_top_rows_of_bad_logits_are_dropped_not_raised():
-    from lookahead.recycling import top_rows
+    from lookahead.hf.recycling import top_rows
 
     logits = torch.full((2, 10), float("nan"))
     ids, p = top_rows(logits, 3)
@@ -240,7 +240,7 @@ def test_top_rows_of_bad_logits_are_dropped_not_raised():
 
 
 def test_top_rows_are_the_softmax_top_k():
-    from lookahead.recycling import top_rows
+    from lookahead.hf.recycling import top_rows
 
     logits = torch.randn(5, 40)
     ids, p = top_rows(logits, 3)
@@ -255,8 +255,8 @@ def test_top_rows_are_the_softmax_top_k():
 
 @pytest.mark.parametrize("keep", [True, False])
 def test_prefill_rows_are_those_of_one_forward(monkeypatch, keep):
-    import lookahead.recycling as recycling
-    from lookahead.kv import last_logits_only
+    import lookahead.hf.recycling as recycling
+    from lookahead.hf.kv import last_logits_only
 
     model = tiny_model("llama", seed=2)
     ids = [2 + (i * 37) % (VOCAB - 2) for i in range(150)]

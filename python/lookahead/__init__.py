@@ -43,14 +43,14 @@ __all__ = [
 
 
 # Submodules reachable as attributes after a bare `import lookahead` (imported on first use).
-_SUBMODULES = ("engine", "models", "kernels", "sampling")
+_SUBMODULES = ("hf", "models", "kernels")
 
 
 def __getattr__(name: str):
     if name in _ENGINE_NAMES:
-        from lookahead import engine
+        from lookahead import hf
 
-        return getattr(engine, name)
+        return getattr(hf, name)
     if name in _SUBMODULES:
         import importlib
 

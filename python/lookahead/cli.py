@@ -8,8 +8,8 @@ import os
 import sys
 import warnings
 
+from lookahead.hf.recycling import RECYCLE_MODES
 from lookahead.models import DTYPES
-from lookahead.recycling import RECYCLE_MODES
 
 
 def _say(message: str) -> None:
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(args) -> int:
-    from lookahead.engine import NO_CHAT_TEMPLATE, LookaheadGenerator
+    from lookahead.hf import NO_CHAT_TEMPLATE, LookaheadGenerator
     from lookahead.models import load_model, resolve_dtype
 
     args.dtype = resolve_dtype(args.dtype, args.device)
@@ -282,7 +282,7 @@ def _check_args(args) -> str | None:
     if args.command == "generate":
         # Undecodable argv or stdin bytes reach us as lone surrogates, which tokenizers
         # refuse with a TypeError deep inside.
-        from lookahead.engine import text_problem
+        from lookahead.hf import text_problem
 
         from_stdin = getattr(args, "prompt_from_stdin", False)
         problem = text_problem(args.prompt)
@@ -295,7 +295,7 @@ def _check_args(args) -> str | None:
     if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**64:
         return f"--seed must be in [0, 2**64), got {args.seed}"
     if args.command == "generate":
-        from lookahead.sampling import SamplingConfig
+        from lookahead.hf.sampling import SamplingConfig
 
         given = {
             k: v

@@ -219,7 +219,7 @@ def measure_costs(
     (and fits a sliding window); a model of fewer than 2 positions gets a one-row curve."""
     import torch
 
-    from lookahead.kv import last_logits_only, new_cache
+    from lookahead.hf.kv import last_logits_only, new_cache
 
     widths = tuple(int(w) for w in widths)
     limit = _positions_limit(model)

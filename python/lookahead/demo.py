@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
-from lookahead.recycling import RECYCLE_MODES
+from lookahead.hf.recycling import RECYCLE_MODES
 
 DEFAULT_CATEGORIES = ("rag", "summarization")
 DEFAULT_COUNT = 4
@@ -83,7 +83,7 @@ def load_prompts(path=None, categories=DEFAULT_CATEGORIES, count=DEFAULT_COUNT) 
     `categories` None or empty keeps every category; `count` None keeps every prompt. A
     prompt that is empty or not valid Unicode is refused (ValueError), as `generate` does.
     """
-    from lookahead.engine import text_problem
+    from lookahead.hf import text_problem
 
     if path is None:
         text = resources.files("lookahead").joinpath("data/spec_bench_sample.jsonl").read_text()
@@ -191,9 +191,9 @@ def run(
     prompt lookup. `bound`: the rounding bound for fork checks (None: measured here on the
     first prompt, `lookahead.forks.rounding_bound`). A prompt longer than the model's
     context is refused (`InvalidInput`) before any prompt runs."""
-    from lookahead.engine import LookaheadGenerator, context_length
     from lookahead.errors import InvalidInput
     from lookahead.forks import explain_fork
+    from lookahead.hf import LookaheadGenerator, context_length
 
     gen = LookaheadGenerator(
         model,

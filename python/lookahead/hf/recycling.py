@@ -72,3 +72,27 @@ def prefill_with_rows(model, kv, prompt_ids: list, k: int, keep_kw: dict):
     kw = {"logits_to_keep": len(prompt_ids) - first} if keep_kw else {}
     logits = model(input_ids=x, past_key_values=kv, use_cache=True, **kw).logits[0]
     return (first, *top_rows(logits[-(len(prompt_ids) - first) :], k))
+
+
+def hand_over(
+    cache, rid: str, verdict, tokens: np.ndarray, parents: np.ndarray, k: int, tree: bool
+):
+    """Give `cache` the top-`k` rows of a verified step: with `tree`, the rejected nodes'
+    rows now (each keyed by its parent's token); the accepted path's rows are returned, for
+    the `extend` that adds the emitted tokens."""
+    path, n = verdict.path, len(tokens)
+    if tree and n > len(path):
+        top = top_rows(verdict.scores, k, verdict.probs)
+        # The rejected nodes' rows first: the path's, written after, win a key both have.
+        off = np.setdiff1d(np.arange(1, n), path)
+        node_tokens = tokens.astype(np.int64)
+        cache.recycle(
+            rid,
+            node_tokens[off],
+            top[0][off],
+            top[1][off],
+            after=node_tokens[np.asarray(parents, dtype=np.int64)[off]],
+        )
+        return top[0][path], top[1][path]
+    probs = None if verdict.probs is None else verdict.probs[path]
+    return top_rows(verdict.scores[path], k, probs)

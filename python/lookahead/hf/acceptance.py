@@ -1,0 +1,114 @@
+"""Acceptance: which of the tree's draft tokens the target takes (greedy: its argmax;
+sampling: exact speculative sampling with a seeded stream of uniforms), and what each
+drafted node's score turned out to be worth (the calibration the cost-aware choice reads)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lookahead import kernels
+from lookahead.costs import AcceptanceCalibration, greedy_outcomes
+from lookahead.hf.sampling import SamplingConfig, node_scores
+from lookahead.hf.tree_inputs import Tree
+
+# Uniforms drawn at a time for sampling (a fixed size: the stream depends on the seed only).
+UNIFORM_CHUNK = 256
+
+
+@dataclass
+class Verdict:
+    """One verified step: the accepted path (node indices from the root), the tokens it
+    emits (accepted drafts + the bonus), and the logits and probabilities it was read from."""
+
+    path: list
+    emitted: list
+    scores: torch.Tensor  # processed logits [n, V] on the model's device
+    probs: torch.Tensor | None  # their softmax on the host, when sampling
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted (the bonus not counted)."""
+        return len(self.path) - 1
+
+
+class Acceptance:
+    """Verifies each step's tree for one request with `cfg`'s sampling settings."""
+
+    def __init__(self, cfg: SamplingConfig, seed: int | None, model, prompt_ids: list, device):
+        self.cfg = cfg
+        self.seen = None  # the ids so far, for the repetition penalty
+        if cfg.repetition_penalty != 1.0:
+            # One entry per logit: an output head padded past config.vocab_size has more.
+            head = model.get_output_embeddings()
+            rows = head.weight.shape[0] if head is not None else model.config.vocab_size
+            self.seen = torch.zeros(rows, dtype=torch.bool, device=device)
+            self.seen[torch.tensor(prompt_ids, device=device)] = True
+        self.device = device
+        self.gen = None
+        if cfg.do_sample:
+            self.gen = torch.Generator(device="cpu")
+            if seed is None:
+                self.gen.seed()  # a fresh seed for this generator only, not torch's global one
+            else:
+                self.gen.manual_seed(seed)
+        # Uniform i serves output position i (the walk visits one node per depth): fixed-size
+        # draws make the stream a function of the seed alone, so the output is too.
+        self._uniforms = torch.empty(0)
+
+    def verify(self, logits: torch.Tensor, tree: Tree, emitted_so_far: int) -> Verdict:
+        """The verdict on `tree` from the forward's `logits` [n, V], the output holding
+        `emitted_so_far` tokens before this step."""
+        cfg, n = self.cfg, tree.n
+        if cfg.needs_processing:
+            scores = node_scores(logits, cfg, self.seen, tree.tokens[0], tree.meta.mask[0])
+        else:
+            scores = logits
+        probs = None
+        if cfg.do_sample:
+            probs = scores.softmax(dim=-1).cpu()
+            while self._uniforms.numel() < emitted_so_far + n:
+                more = torch.rand(UNIFORM_CHUNK, generator=self.gen)
+                self._uniforms = torch.cat([self._uniforms, more])
+            at = emitted_so_far + tree.meta.positions[0, :n].cpu() - tree.seq_len
+            res = kernels.verify_sampling(
+                tree.tokens, tree.parents, tree.num_nodes, probs[None], self._uniforms[at][None]
+            )
+        else:
+            target = scores.argmax(dim=-1).cpu()
+            res = kernels.verify_greedy(tree.tokens, tree.parents, tree.num_nodes, target[None])
+        n_acc = int(res.num_accepted[0])
+        path = res.accepted_nodes[0, : n_acc + 1].tolist()
+        emitted = tree.tokens[0, path[1:]].tolist() + [int(res.bonus[0])]
+        return Verdict(path, emitted, scores, probs)
+
+    def emitted(self, ids: list) -> None:
+        """Note the step's emitted ids (the repetition penalty counts them from now on)."""
+        if self.seen is not None:
+            self.seen[torch.tensor(ids, device=self.device)] = True
+
+
+def learn(
+    calibration: AcceptanceCalibration,
+    drafted: tuple,
+    n: int,
+    verdict: Verdict,
+    sampled: bool,
+    last: int,
+) -> int | None:
+    """Teach `calibration` what the drafted nodes' scores were worth (the `n` verified nodes
+    were cut from `drafted`); in greedy decoding return what the whole draft would have
+    accepted (read one level past the verified nodes), else None."""
+    path = verdict.path
+    if sampled:  # an accepted path says nothing of nodes not verified
+        scores = drafted[2]
+        took = np.zeros(n - 1)
+        took[np.asarray(path[1:], dtype=np.int64) - 1] = 1.0
+        calibration.observe(scores[1:n], took, last)
+        return None
+    all_tokens, all_parents, all_scores = drafted
+    took, known = greedy_outcomes(all_tokens, all_parents, n, path, verdict.emitted)
+    calibration.observe(all_scores[1:][known], took[known], last)
+    return int(took.sum())
