@@ -23,7 +23,8 @@ from collections import defaultdict
 
 import numpy as np
 from lookahead import LookaheadCache
-from lookahead.costs import AcceptanceCalibration, CostModel, choose_nodes, greedy_outcomes
+from lookahead.calibration import AcceptanceCalibration, greedy_outcomes
+from lookahead.costs import CostModel, choose_nodes
 from lookahead.hf import AUTO_MAX_NODES, DEEP_ACCEPT
 from lookahead.hf.recycling import RECYCLE_K, first_prompt_row
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from lookahead import costs
+from lookahead.calibration import AcceptanceCalibration
 from lookahead.costs import (
-    AcceptanceCalibration,
     CostModel,
     choose_nodes,
     load_or_measure,
@@ -324,7 +324,7 @@ def test_default_generator_measures_on_first_use(monkeypatch, tmp_path):
 
 
 def test_greedy_outcomes_reach_past_the_verified_prefix():
-    from lookahead.costs import greedy_outcomes
+    from lookahead.calibration import greedy_outcomes
 
     # root 0 -> 1 (a), 2 (b); 1 -> 3 (c), 4 (d); 3 -> 5 (e); 2 -> 6 (f); 4 -> 7 (g)
     tokens = [9, 10, 11, 12, 13, 14, 15, 16]
@@ -346,7 +346,7 @@ def test_greedy_outcomes_do_not_bias_deep_nodes():
     # A chain whose every level is accepted with p = 0.9, root verified alone or one level
     # more: what is learnt of each level must be its true rate (0.9, 0.81, 0.729), not 0
     # for levels that could only be known when an ancestor failed.
-    from lookahead.costs import greedy_outcomes
+    from lookahead.calibration import greedy_outcomes
 
     rng = np.random.default_rng(5)
     seen = np.zeros(3)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from lookahead import kernels
-from lookahead.costs import AcceptanceCalibration, greedy_outcomes
+from lookahead.calibration import AcceptanceCalibration, greedy_outcomes
 from lookahead.hf.sampling import SamplingConfig, node_scores
 from lookahead.hf.tree_inputs import Tree
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from lookahead.calibration import AcceptanceCalibration
 from lookahead.costs import (
-    AcceptanceCalibration,
     CostModel,
     ForwardCorrection,
     choose_nodes,
