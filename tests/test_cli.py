@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lookahead import cli, demo
+from lookahead import cli, demo, demo_table
 from tiny_models import tiny_model, tiny_tokenizer
 
 
@@ -217,14 +217,14 @@ def test_demo_rows_summary_json_and_plot(tmp_path):
     rows = list(demo.run(model, tok, prompts, max_new_tokens=12, budget=6))
     assert [r.question_id for r in rows] == [1, 2]
     assert all(r.identical for r in rows)  # fp32: plain and lookahead agree
-    summary = demo.summarize(rows)
+    summary = demo_table.summarize(rows)
     assert [s["category"] for s in summary] == ["a", "b", "overall"]
-    text = demo.format_summary(summary, "float32")
+    text = demo_table.format_summary(summary, "float32")
     assert "median speedup" in text and "mean: plain" in text and "[float32]" in text
-    assert demo.busy_note(1.9, 2) is None and demo.busy_note(2.0, 2) is None
-    assert "load average 3.5 on 2 cores" in demo.busy_note(3.5, 2)
-    assert "yes" in demo.format_row(rows[0])
-    demo.plot(rows, summary, str(tmp_path / "p.png"), "float32")
+    assert demo_table.busy_note(1.9, 2) is None and demo_table.busy_note(2.0, 2) is None
+    assert "load average 3.5 on 2 cores" in demo_table.busy_note(3.5, 2)
+    assert "yes" in demo_table.format_row(rows[0])
+    demo_table.plot(rows, summary, str(tmp_path / "p.png"), "float32")
     assert (tmp_path / "p.png").stat().st_size > 1000
     # A generation config that asks for sampling: both sides of the demo stay greedy.
     model.generation_config.do_sample, model.generation_config.temperature = True, 0.7
