@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from lookahead import _core
+from lookahead.args import is_bool, is_int, predictions, rid_list
 from lookahead.errors import InvalidInput
 
 __all__ = ["BatchDraft", "Draft", "LookaheadCache", "RequestId", "TokenIds"]
@@ -47,55 +48,6 @@ class BatchDraft(NamedTuple):
         """The draft of request `b` without padding."""
         n = int(self.num_nodes[b])
         return Draft(self.tokens[b, :n], self.parents[b, :n], self.scores[b, :n], n)
-
-
-def _is_int(v) -> bool:
-    """A Python or numpy int, not a bool."""
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _is_bool(v) -> bool:
-    """A Python or numpy bool."""
-    return isinstance(v, (bool, np.bool_))
-
-
-def _as_numpy(x: Any, what: str) -> np.ndarray:
-    try:
-        if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
-            x = x.detach().cpu()
-            # numpy has no bfloat16 (nor float8): floats go over as float32.
-            x = (x.float() if x.is_floating_point() else x).numpy()
-        return np.asarray(x)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise InvalidInput(f"{what} must be a 2-D array, got {type(x).__name__}") from err
-
-
-def _predictions(top_ids: Any, top_probs: Any) -> tuple[np.ndarray, np.ndarray]:
-    """`extend`'s prediction rows as (uint32, float32) C-contiguous arrays, their shapes,
-    dtypes and ids checked."""
-    if top_ids is None or top_probs is None:
-        raise InvalidInput("top_ids and top_probs go together: give both or neither")
-    ids, probs = _as_numpy(top_ids, "top_ids"), _as_numpy(top_probs, "top_probs")
-    if ids.ndim != 2 or ids.shape != probs.shape or ids.shape[1] < 1:
-        raise InvalidInput(
-            f"top_ids and top_probs must be 2-D of one shape (rows, k >= 1), got "
-            f"{ids.shape} and {probs.shape}"
-        )
-    if ids.dtype.kind not in "iu" or probs.dtype.kind != "f":
-        raise InvalidInput(
-            f"top_ids must hold integers and top_probs floats, got {ids.dtype} and {probs.dtype}"
-        )
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 2**32):
-        raise InvalidInput("top_ids must lie in [0, 2**32)")
-    # Probabilities outside [0, 1] (NaN too) are refused by the core, before any change.
-    return np.ascontiguousarray(ids, dtype=np.uint32), np.ascontiguousarray(probs, np.float32)
-
-
-def _rid_list(rids) -> list:
-    """`rids` as a list; a str is iterable too, but drafting for its characters is a mistake."""
-    if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
-        raise InvalidInput(f"rids must be a sequence of request ids, got {rids!r}")
-    return list(rids)
 
 
 # Half the cores, at most 8: a serving process has other work for the rest (prompt indexing,
@@ -173,13 +125,13 @@ class LookaheadCache:
             ("recycle_k", recycle_k),
             ("recycle_slots", recycle_slots),
         ):
-            if not _is_int(v) or not 0 <= v < 2**63:
+            if not is_int(v) or not 0 <= v < 2**63:
                 raise InvalidInput(f"{name} must be a non-negative int below 2**63, got {v!r}")
         for name, flag in (
             ("keep_prompt_as_history", keep_prompt_as_history),
             ("background_indexing", background_indexing),
         ):
-            if not _is_bool(flag):
+            if not is_bool(flag):
                 raise InvalidInput(f"{name} must be a bool, got {flag!r}")
         for name, w in (
             ("prompt_weight", prompt_weight),
@@ -193,7 +145,7 @@ class LookaheadCache:
                 isinstance(history_skip, (str, bytes))
                 or not isinstance(history_skip, Iterable)
                 or len(history_skip := tuple(history_skip)) != 2
-                or not all(_is_int(x) and 0 <= x < 2**63 for x in history_skip)
+                or not all(is_int(x) and 0 <= x < 2**63 for x in history_skip)
             ):
                 raise InvalidInput(
                     f"history_skip must be None or a pair of ints (lo, hi), got {history_skip!r}"
@@ -248,7 +200,7 @@ class LookaheadCache:
         if top_ids is None and top_probs is None:
             self._c.extend(rid, new_token_ids)
             return
-        ids, probs = _predictions(top_ids, top_probs)
+        ids, probs = predictions(top_ids, top_probs)
         self._c.extend_predicted(rid, new_token_ids, ids.ravel(), probs.ravel(), ids.shape[1])
 
     def recycle(
@@ -265,7 +217,7 @@ class LookaheadCache:
         computed off the accepted path, such as a prompt's prefill or a draft's rejected
         nodes. `after[j]` is the token before `token_ids[j]` (a draft node's parent); None:
         `token_ids` is a sequence (`token_ids[j - 1]`). A no-op where `recycle_k` is 0."""
-        ids, probs = _predictions(top_ids, top_probs)
+        ids, probs = predictions(top_ids, top_probs)
         self._c.recycle_after(rid, token_ids, after, ids.ravel(), probs.ravel(), ids.shape[1])
 
     def extend_batch(
@@ -277,7 +229,7 @@ class LookaheadCache:
         Every id is checked before anything changes; a serving loop saves a call and a GIL
         release per request.
         """
-        rids = _rid_list(rids)
+        rids = rid_list(rids)
         try:
             lengths = [operator.index(n) for n in lengths]
         except TypeError:
@@ -331,12 +283,12 @@ class LookaheadCache:
         `pad_parent` (-1, or 0: padding nodes are token-0 children of the root, SGLang
         NGRAM's convention) shape the output for a fixed verify width.
         """
-        rids = _rid_list(rids)
+        rids = rid_list(rids)
         if threads is None:
             threads = _DRAFT_THREADS
-        elif not _is_int(threads) or threads < 0:
+        elif not is_int(threads) or threads < 0:
             raise InvalidInput(f"threads must be a non-negative int or None, got {threads!r}")
-        if width is not None and (not _is_int(width) or width < 1):
+        if width is not None and (not is_int(width) or width < 1):
             raise InvalidInput(f"width must be a positive int or None, got {width!r}")
         if not isinstance(pad_parent, (int, np.integer)) or isinstance(pad_parent, bool) or pad_parent not in (-1, 0):  # fmt: skip
             raise InvalidInput(f"pad_parent must be -1 or 0, got {pad_parent!r}")
@@ -353,7 +305,7 @@ class LookaheadCache:
 
     def finish_request(self, rid: RequestId, keep_prompt: bool | None = None) -> None:
         """Ends `rid`: drops its prompt index (merging it into history if `keep_prompt`)."""
-        if keep_prompt is not None and not _is_bool(keep_prompt):
+        if keep_prompt is not None and not is_bool(keep_prompt):
             raise InvalidInput(f"keep_prompt must be a bool or None, got {keep_prompt!r}")
         self._c.finish_request(rid, None if keep_prompt is None else bool(keep_prompt))
 
@@ -397,13 +349,11 @@ class LookaheadCache:
         `index_threads` is not saved (it belongs to the machine, not to the data): `None`
         gives 0, as many threads as the cores allow (at most 4).
         """
-        if background_indexing is not None and not _is_bool(background_indexing):
+        if background_indexing is not None and not is_bool(background_indexing):
             raise InvalidInput(
                 f"background_indexing must be a bool or None, got {background_indexing!r}"
             )
-        if index_threads is not None and not (
-            _is_int(index_threads) and 0 <= index_threads < 2**63
-        ):
+        if index_threads is not None and not (is_int(index_threads) and 0 <= index_threads < 2**63):
             raise InvalidInput(
                 f"index_threads must be a non-negative int or None, got {index_threads!r}"
             )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lookahead.cache import _is_bool, _is_int
+from lookahead.args import is_bool, is_int
 from lookahead.errors import InvalidInput
 from lookahead.hf.sampling import SamplingConfig
 from lookahead.hf.stats import GenerationStats, TokenCallback
@@ -65,7 +65,7 @@ def context_length(model, tokenizer=None) -> int | None:
     it), else the tokenizer's `model_max_length` if set; None when nothing says."""
     cfg = getattr(model, "config", None)
     n = getattr(cfg, "max_position_embeddings", None)
-    if _is_int(n) and n > 0:
+    if is_int(n) and n > 0:
         rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None)
         if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) not in (
             None,
@@ -77,21 +77,21 @@ def context_length(model, tokenizer=None) -> int | None:
                 n = int(n * factor)
         return int(n)
     m = getattr(tokenizer, "model_max_length", None)
-    return int(m) if _is_int(m) and 0 < m < _UNSET_MAX_LENGTH else None
+    return int(m) if is_int(m) and 0 < m < _UNSET_MAX_LENGTH else None
 
 
 def check_budget(name: str, v) -> int:
     """`v` as a draft budget: an int in [0, MAX_BUDGET] (bools and floats refused)."""
     from lookahead._core import MAX_BUDGET
 
-    if not _is_int(v) or not 0 <= v <= MAX_BUDGET:
+    if not is_int(v) or not 0 <= v <= MAX_BUDGET:
         raise ValueError(f"{name} must be an int in [0, {MAX_BUDGET}], got {v!r}")
     return int(v)
 
 
 def check_bool(name: str, v) -> bool:
     """`v` as a bool (ints and others refused)."""
-    if not _is_bool(v):
+    if not is_bool(v):
         raise ValueError(f"{name} must be a bool, got {v!r}")
     return bool(v)
 
@@ -102,8 +102,8 @@ def as_id_set(x, name: str = "eos_token_id") -> set:
         return set()
     bad = ValueError(f"{name} must be None, an int or ints (>= 0), got {x!r}")
     try:
-        items = [x] if _is_int(x) else list(x)
-        if any(_is_bool(t) for t in items):
+        items = [x] if is_int(x) else list(x)
+        if any(is_bool(t) for t in items):
             raise TypeError
         ids = {operator.index(t) for t in items}
     except TypeError:
@@ -230,7 +230,7 @@ def check_context(ctx: int | None, prompt_len: int, max_new: int) -> None:
 
 def check_call(max_new_tokens, stop_strings, seed, on_tokens, tokenizer) -> list:
     """Check a `generate` call's own arguments; its stop strings as a list."""
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if stop_strings is None:
         stop_strings = ()
@@ -246,7 +246,7 @@ def check_call(max_new_tokens, stop_strings, seed, on_tokens, tokenizer) -> list
             raise InvalidInput(f"stop string {s!r} {problem}")
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer")
-    if seed is not None and not (_is_int(seed) and 0 <= seed < 2**64):
+    if seed is not None and not (is_int(seed) and 0 <= seed < 2**64):
         raise ValueError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
     if on_tokens is not None and not callable(on_tokens):
         raise ValueError(f"on_tokens must be callable or None, got {on_tokens!r}")

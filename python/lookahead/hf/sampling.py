@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lookahead.cache import _is_bool, _is_int
+from lookahead.args import is_bool, is_int
 
 
 @dataclass(frozen=True)
@@ -26,13 +26,13 @@ class SamplingConfig:
     repetition_penalty: float = 1.0  # 1.0: off
 
     def __post_init__(self):
-        if not _is_bool(self.do_sample):
+        if not is_bool(self.do_sample):
             raise ValueError(f"do_sample must be a bool, got {self.do_sample!r}")
         for name in ("temperature", "top_p", "repetition_penalty"):
             v = getattr(self, name)
-            if _is_bool(v) or not isinstance(v, (int, float, np.number)):
+            if is_bool(v) or not isinstance(v, (int, float, np.number)):
                 raise ValueError(f"{name} must be a number, got {v!r}")
-        if not _is_int(self.top_k):
+        if not is_int(self.top_k):
             raise ValueError(f"top_k must be an int, got {self.top_k!r}")
         if not 0 < self.temperature < float("inf"):
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
