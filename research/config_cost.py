@@ -1,4 +1,4 @@
-"""Host cost and history size of cache configurations on the traces (BENCHMARKS.md §2.1).
+"""Host cost and history size of cache configurations on the traces (research/README.md).
 
 One multi-branch drafter per configuration replays the traces through the acceptance
 simulator (`run_drafters`, budget 16: the drafters take turns request by request in a

@@ -1,4 +1,4 @@
-"""Would a copy of one occurrence (PLD-style) add to our tree? (BENCHMARKS.md §2.2)
+"""Would a copy of one occurrence (PLD-style) add to our tree? (research/README.md)
 
 The copy-oracle copies after the one occurrence whose continuation turns out right. This
 script asks how much of that a cheap pointer into the request's own text could give, on top

@@ -1,4 +1,4 @@
-"""Try drafting rules in pure Python before building them in Rust (BENCHMARKS.md §2.1).
+"""Try drafting rules in pure Python before building them in Rust (research/README.md).
 
 A slow, brute-force drafter on top of `tests/reference_trie.py`'s counts, replayed through
 the acceptance simulator (`benchmarks.accept.run_drafter`, same protocol and oracle

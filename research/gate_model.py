@@ -3,7 +3,7 @@
 Replays the traces through `LookaheadCache` as the engine uses it (one cache across
 requests, tree drafts of `budget` nodes) and prices each step: a plain one-row step costs 1,
 a step that verifies a draft costs COST (on this CPU a 2-17-row fp32 forward costs ~1.85x a
-one-row one, BENCHMARKS.md §1). Every draft's accepted length is known from the trace, so
+one-row one, BENCHMARKS.md, "End to end: the demo"). Every draft's accepted length is known from the trace, so
 each gate rule is scored without running the model: modelled speed-up = tokens / cost.
 
     python -m research.gate_model data/traces/specbench_smollm2.jsonl.gz 8 1.85

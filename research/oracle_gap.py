@@ -1,4 +1,4 @@
-"""Where our drafter falls short of the copy-oracle (BENCHMARKS.md §2.2).
+"""Where our drafter falls short of the copy-oracle (research/README.md).
 
 Replays the traces through our multi-branch drafter under the simulator's protocol and, at
 each of our steps, compares our accepted tokens with the oracle's length at the same position

@@ -1,4 +1,4 @@
-"""Are our draft scores calibrated? (BENCHMARKS.md §2.1)
+"""Are our draft scores calibrated? (research/README.md)
 
 Replays the traces through our multi-branch drafter at B = 16 (the simulator's steps) and,
 for every drafted node whose parent was accepted, compares its conditional score (its score

@@ -52,7 +52,7 @@ class BatchDraft(NamedTuple):
 
 # Half the cores, at most 8: a serving process has other work for the rest (prompt indexing,
 # its scheduler); on a 2-core machine a second draft thread costs more than it saves
-# (benchmarks/serving_host.py, BENCHMARKS.md §6). Read once: os.cpu_count() costs ~10 µs.
+# (`python -m benchmarks.serving_host`, BENCHMARKS.md, "SGLang serving"). Read once: os.cpu_count() costs ~10 µs.
 _DRAFT_THREADS = max(1, min((os.cpu_count() or 1) // 2, 8))
 
 
@@ -83,7 +83,7 @@ class LookaheadCache:
             a 3-6-token match in other requests' text is mostly a coincidence whose
             continuation would outrank the request's own; 1-2 tokens give common
             continuations, and 7 and more are repeats (a repeated request still copies its
-            earlier answer). `None`: consult it at every length (BENCHMARKS.md §2.1).
+            earlier answer). `None`: consult it at every length (research/README.md).
         recycle_k: how many of the target's top predictions to keep per key from
             `extend(..., top_ids=, top_probs=)` (0 to 64; 0, the default: none, drafts come
             from the tries only). Drafts offer them as children of the node whose token (after

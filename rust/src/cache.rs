@@ -66,7 +66,7 @@ const COMPACT_SLACK: u64 = 64;
 const TIDY_LOOKS: usize = 2;
 /// The default `history_skip`: a 3-6 token match in the shared history is left out of the
 /// draft (simulator, B = 16: 2.772 -> 2.794 tokens per step, no category down; repeated
-/// requests still copy their whole earlier answer; BENCHMARKS.md §2.1).
+/// requests still copy their whole earlier answer; research/README.md).
 pub const DEFAULT_HISTORY_SKIP: Option<(usize, usize)> = Some((3, 6));
 
 #[derive(Clone, Debug, PartialEq)]

@@ -35,7 +35,7 @@ use crate::trie::{Side, Trie, SIDE_AT, TOP_K};
 /// Backoff at the root: after the candidates of the context's matched n-gram `p` come those
 /// of `p`'s shorter suffixes (tokens already continuing a longer suffix excluded), each scaled
 /// by the escape mass left, `prod (1 - sum of scores)` over the longer levels, while that mass
-/// is at least this. Simulator, B = 16 (BENCHMARKS.md §2.1): 2.666 -> 2.693 tokens per step;
+/// is at least this. Simulator, B = 16 (research/README.md): 2.666 -> 2.693 tokens per step;
 /// backing off at every draft node reached 2.705 but made drafts 3-5x slower.
 pub const BACKOFF_MIN_MASS: f64 = 0.2;
 
