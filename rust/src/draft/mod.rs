@@ -1,0 +1,141 @@
+//! Drafting: suffix matching, child scoring, the greedy chain and the best-first tree.
+//!
+//! - `matching`: the state of the context's longest suffix the tries continue
+//! - `scoring`: a state's candidate continuations and their scores
+//! - `grow`: the chain and the best-first tree, backoff at the root, recycled predictions
+//!
+//! This file holds what they share: the state, the sources a draft reads, and the tree.
+//!
+//! A *state* is the pair (prompt-trie node, history-trie node) of one n-gram `p` (either may be
+//! `NONE`). The score of child token `t` of `p` is
+//!
+//! ```text
+//! score(t) = (w_p * c_P(p,t) / (S_P(p) + D_P(p)) + w_o * c_H(p,t) / (S_H(p) + D_H(p))) / (w_p + w_o)
+//! ```
+//!
+//! where `c_X(p,t)` is the count of n-gram `p+t` in trie X, `S_X(p)` the sum of the positive
+//! child counts of `p` in X, `D_X(p)` the number of those children, and a trie takes part
+//! (its term and its weight in the denominator) only where its weight is positive and
+//! `S_X(p) > 0`. `D` is Witten-Bell's escape mass: the chance that `p` continues with a token
+//! never seen after it, high for rare n-grams (a count-1 match scores 1/2, not 1), so the
+//! best-first tree spreads over siblings near the root instead of betting the whole budget on
+//! one long chain of a once-seen n-gram. Scores of one state sum to `< 1`; what is left (the
+//! escape mass) goes, at the root, to the continuations of shorter suffixes
+//! (`BACKOFF_MIN_MASS`). A draft node's score is the product of the scores along its path
+//! (its estimated probability).
+//! Children with count 0 (decayed by eviction) are not candidates. Ties are broken by token
+//! id (smaller first) and, in the tree, by the order candidates were pushed.
+//!
+//! Candidates of a state: a trie whose node has more than `TOP_K` children offers only its
+//! `TOP_K` best (count desc, token asc; `Side::top`), the other trie all of its own (or its
+//! `TOP_K` best); each offered token is scored with both tries' counts, `S` and `D` over all
+//! children. So a draft never visits the long tail of a short context's continuations (a
+//! unigram of a large history has thousands), whose scores are below the listed ones'.
+
+mod grow;
+mod matching;
+mod scoring;
+#[cfg(test)]
+mod tests;
+
+use crate::arena::NONE;
+use crate::recycle::Recycled;
+use crate::trie::{Trie, SIDE_AT};
+
+/// Backoff at the root: after the candidates of the context's matched n-gram `p` come those
+/// of `p`'s shorter suffixes (tokens already continuing a longer suffix excluded), each scaled
+/// by the escape mass left, `prod (1 - sum of scores)` over the longer levels, while that mass
+/// is at least this. Simulator, B = 16 (research/README.md): 2.666 -> 2.693 tokens per step;
+/// backing off at every draft node reached 2.705 but made drafts 3-5x slower.
+pub const BACKOFF_MIN_MASS: f64 = 0.2;
+
+/// Each backoff level adds at most its best this many (non-excluded) candidates, chosen
+/// among each trie's `BACKOFF_TOP` best children: short contexts have hundreds of children,
+/// and scoring them all costs more than it brings.
+pub const BACKOFF_PER_LEVEL: usize = 4;
+
+/// How many ranked children a trie offers at a backoff level (= `SIDE_AT`, so every trie
+/// offers its 8 best continuations, ranked by count desc, token asc).
+pub const BACKOFF_TOP: usize = SIDE_AT;
+
+/// (prompt-trie node, history-trie node, n-gram length); a node is `NONE` where that trie
+/// does not continue the n-gram.
+pub type State = [u32; 3];
+
+pub(super) const EMPTY: State = [NONE, NONE, 0];
+
+/// The child state of a candidate no trie continues (a recycled prediction): expanding it
+/// matches the context + path afresh.
+pub(super) const FRESH: State = [NONE, NONE, u32::MAX];
+
+/// Recycled predictions join the candidates of a node only where the tries continue an
+/// n-gram of at most this many tokens (or none): a longer match is a copy that the target's
+/// predictions after one or two tokens would only crowd out. Simulator, B = 16, 120 traces
+/// (BENCHMARKS.md, "Recycled predictions"): 2.860 tokens per step at every node, 2.920 here
+/// (the tries alone: 2.794); translation 3.594 at every node, 3.828 here (alone: 3.765).
+pub const RECYCLE_MAX_MATCH: usize = 3;
+
+/// The recycled predictions a draft reads (see `recycle.rs`) and how to weigh them.
+pub struct RecycleView<'a> {
+    pub table: &'a Recycled,
+    /// The namespace the rows were written under.
+    pub namespace: u64,
+    /// A recycled token's score is `weight * p` (capped at 1), `p` the target's probability
+    /// when it last followed the same key; beside a trie continuation of the same token the
+    /// higher of the two scores counts.
+    pub weight: f64,
+}
+
+/// The tries a draft reads and how to weigh them.
+pub struct Sources<'a> {
+    pub prompt: Option<&'a Trie>,
+    pub history: Option<&'a Trie>,
+    pub prompt_weight: f64,
+    pub output_weight: f64,
+    pub max_depth: usize,
+    /// Per trie (prompt, history), its nodes of the context's suffixes (`[k-1]`: the k-token
+    /// suffix), as `extend` keeps them; empty if unknown. Saves walking the tries from their
+    /// roots for the first match.
+    pub suffixes: [&'a [u32]; 2],
+    /// Context lengths `lo..=hi` at which the history does not take part (see
+    /// `history_answers`); `None`: it takes part at every length.
+    pub history_skip: Option<(usize, usize)>,
+    /// The target's recycled predictions, offered beside the tries' continuations where
+    /// those come from a short match (`RECYCLE_MAX_MATCH`; `None`: trie drafts only).
+    pub recycled: Option<RecycleView<'a>>,
+}
+
+/// A draft tree: node 0 is the root (last context token), `parents[0] == -1`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftTree {
+    pub tokens: Vec<u32>,
+    pub parents: Vec<i32>,
+    pub scores: Vec<f32>,
+}
+
+impl DraftTree {
+    pub fn num_nodes(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Cand {
+    pub token: u32,
+    pub score: f64,
+    pub child: State,
+}
+
+/// Buffers reused across the expansions of one draft, and across the drafts of one thread.
+#[derive(Default)]
+pub struct Scratch {
+    pub(super) raw: Vec<(u32, u32, u32, u32, u32)>,
+    /// Fresh-match states already scored: (state, room asked, best-first list).
+    pub(super) memo: Vec<(State, usize, std::ops::Range<usize>)>,
+    /// The memo's lists, back to back.
+    pub(super) memo_cands: Vec<Cand>,
+    pub(super) buf: Vec<u32>,
+    pub(super) lower: Vec<Cand>,
+    pub(super) excl: Vec<u32>,
+    pub(super) partial: Vec<State>,
+}

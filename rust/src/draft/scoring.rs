@@ -1,0 +1,250 @@
+//! Scoring: a state's candidate continuations from both tries, and their scores.
+
+use crate::arena::NONE;
+use crate::trie::{Side, TOP_K};
+
+use super::{Cand, Scratch, Sources, State, BACKOFF_TOP};
+
+/// Whether `side`'s ranked list stands for its node's children: without eviction it lists
+/// the `TOP_K` best (or all) of them. Eviction leaves lists approximate, and short where
+/// listed children were freed (refilled as other children are counted): a list still holding
+/// half of what it should answers, a shorter or empty one has every child scored (a scan
+/// on each draft of a hub until then would cost more than the approximation). Backoff
+/// (`top`) takes whatever is listed.
+#[inline]
+pub(super) fn offers(side: &Side, top: bool) -> bool {
+    side.sum > 0
+        && !side.top.is_empty()
+        && (top || side.top.len() >= side.num_children().min(TOP_K / 2))
+}
+
+/// Keeps the best `room` candidates of `out`, best first (score desc, token asc).
+pub(super) fn keep_best(out: &mut Vec<Cand>, room: usize) {
+    if out.len() <= 1 {
+        out.truncate(room);
+        return;
+    }
+    let better = |x: &Cand, y: &Cand| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token));
+    if room < out.len() {
+        if room == 0 {
+            out.clear();
+            return;
+        }
+        out.select_nth_unstable_by(room - 1, better);
+        out.truncate(room);
+    }
+    out.sort_unstable_by(better);
+}
+
+/// Merges `raw`'s entries of the same token (one per trie: the first `split` from the
+/// prompt trie, the rest from the history) into one holding both counts and children (a
+/// trie's missing side is 0 / `NONE` = u32::MAX, or both sides when looked up).
+pub(super) fn fold_by_token(raw: &mut Vec<(u32, u32, u32, u32, u32)>, split: usize) {
+    let merge = |kept: &mut (u32, u32, u32, u32, u32), r: (u32, u32, u32, u32, u32)| {
+        (kept.1, kept.2) = (kept.1.max(r.1), kept.2.max(r.2));
+        (kept.3, kept.4) = (kept.3.min(r.3), kept.4.min(r.4));
+    };
+    if split == 0 || split == raw.len() {
+        return;
+    }
+    if split <= 16 {
+        let mut j = split;
+        while j < raw.len() {
+            let h = raw[j];
+            if let Some(p) = raw[..split].iter_mut().find(|r| r.0 == h.0) {
+                merge(p, h);
+                raw.swap_remove(j);
+            } else {
+                j += 1;
+            }
+        }
+    } else {
+        raw.sort_unstable_by_key(|r| r.0);
+        raw.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                merge(kept, *later);
+            }
+            same
+        });
+    }
+}
+
+impl Sources<'_> {
+    /// Scored continuations of `st`, best first (score desc, token asc), into `out`; only
+    /// the best `room` are kept.
+    ///
+    /// A trie whose node ranks its children in a side table offers its ranked list (the
+    /// `TOP_K` best), looked up in the other trie; without side tables every child is scored.
+    ///
+    /// Returns the sum of the scores of ALL of `st`'s candidates (not only those kept), and
+    /// whether `out` holds every continuation of `st` (none unoffered or cut by `room`).
+    pub fn candidates(
+        &self,
+        st: State,
+        room: usize,
+        scratch: &mut Scratch,
+        out: &mut Vec<Cand>,
+    ) -> (f64, bool) {
+        let answer = self.scored(st, room, false, scratch, out);
+        // The tree expands some of these next: start loading their first children now, so
+        // the loads overlap instead of waiting one after another.
+        let tries = [self.prompt, self.history];
+        for c in out.iter_mut() {
+            c.child[2] = st[2] + 1;
+            for (x, t) in tries.iter().enumerate() {
+                if let (Some(t), true) = (t, c.child[x] != NONE) {
+                    t.arena.prefetch(t.node(c.child[x]).first_child);
+                }
+            }
+        }
+        answer
+    }
+
+    /// The best `room` continuations of `st` into `out`, its mass, and whether `out` holds
+    /// every continuation (every child offered, none cut by `room`). A trie with a side table
+    /// offers its ranked children (`top`, backoff: only its `BACKOFF_TOP` best), looked up in
+    /// the other trie where that one ranks too; a trie without one offers all its children,
+    /// paired with the other's entries by token. Scores are exact.
+    pub(super) fn scored(
+        &self,
+        st: State,
+        room: usize,
+        top: bool,
+        scratch: &mut Scratch,
+        out: &mut Vec<Cand>,
+    ) -> (f64, bool) {
+        let tries = self.tries();
+        let live = |x: usize| self.part(&st, x);
+        let mut ranked: [Option<&Side>; 2] = [None, None];
+        let offer = if top { BACKOFF_TOP } else { TOP_K };
+        let mut every_child = true;
+        for (x, r) in ranked.iter_mut().enumerate() {
+            if let Some(side) = live(x).and_then(|t| t.side(st[x])) {
+                if offers(side, top) {
+                    *r = Some(side);
+                    every_child &= side.top.len().min(offer) == side.num_children();
+                }
+            }
+        }
+        out.clear();
+        // (token, count in prompt, count in history, child in prompt, child in history)
+        let raw = &mut scratch.raw;
+        raw.clear();
+        let mut sums = [0u64; 2];
+        let mut kids = [0u64; 2];
+        let mut split = 0;
+        for x in 0..2 {
+            if let Some(t) = live(x) {
+                let y = 1 - x;
+                // Only a ranked list is looked up (a hash map); a trie without one lists all
+                // its children here, and the fold below pairs the entries by token.
+                let other = live(y).filter(|_| ranked[y].is_some());
+                let mut add = |tok: u32, cnt: u32, c: u32| {
+                    let (mut oc, mut on) = (0, NONE);
+                    if let Some(o) = other {
+                        let n = o.find_child(st[y], tok);
+                        if n != NONE && o.node(n).count > 0 {
+                            (oc, on) = (o.node(n).count, n);
+                        }
+                    }
+                    raw.push(if x == 0 {
+                        (tok, cnt, oc, c, on)
+                    } else {
+                        (tok, oc, cnt, on, c)
+                    });
+                };
+                match ranked[x] {
+                    Some(side) => {
+                        sums[x] = side.sum;
+                        kids[x] = u64::from(side.positive);
+                        for r in side.top.iter().take(offer) {
+                            if r.count > 0 {
+                                add(r.token, r.count, r.child);
+                            }
+                        }
+                    }
+                    None => {
+                        for (tok, c, cnt) in t.counted_children(st[x]) {
+                            if cnt > 0 {
+                                sums[x] += u64::from(cnt);
+                                kids[x] += 1;
+                                add(tok, cnt, c);
+                            }
+                        }
+                    }
+                }
+            }
+            if x == 0 {
+                split = raw.len();
+            }
+        }
+        fold_by_token(raw, split);
+        let (wp, wo, dens) = self.weights(sums, kids);
+        let wsum = wp + wo;
+        out.extend(raw.iter().map(|r| Self::score(r, dens, wp, wo, wsum)));
+        let all = every_child && out.len() < room;
+        keep_best(out, room);
+        if let Some(h) = tries[1]
+            .0
+            .filter(|_| tries[1].1 > 0.0 && st[1] != NONE && !self.history_answers(st[2] as usize))
+        {
+            // A history left out here still follows the path: deeper, it may answer again.
+            for c in out.iter_mut() {
+                let n = h.find_child(st[1], c.token);
+                if n != NONE && h.node(n).count > 0 {
+                    c.child[1] = n;
+                }
+            }
+        }
+        (Self::mass(sums, dens, wp, wo, wsum), all)
+    }
+
+    /// Sum of the scores of all children of a state (`1 - mass` is its escape mass).
+    pub(super) fn mass(sums: [u64; 2], dens: [f64; 2], wp: f64, wo: f64, wsum: f64) -> f64 {
+        let a = if wp > 0.0 {
+            wp * sums[0] as f64 / dens[0]
+        } else {
+            0.0
+        };
+        let b = if wo > 0.0 {
+            wo * sums[1] as f64 / dens[1]
+        } else {
+            0.0
+        };
+        (a + b) / wsum
+    }
+
+    /// Weights of the participating tries and their score denominators `S + D`.
+    pub(super) fn weights(&self, sums: [u64; 2], kids: [u64; 2]) -> (f64, f64, [f64; 2]) {
+        let wp = if sums[0] > 0 { self.prompt_weight } else { 0.0 };
+        let wo = if sums[1] > 0 { self.output_weight } else { 0.0 };
+        let dens = [(sums[0] + kids[0]) as f64, (sums[1] + kids[1]) as f64];
+        (wp, wo, dens)
+    }
+
+    #[inline]
+    pub(super) fn score(
+        r: &(u32, u32, u32, u32, u32),
+        dens: [f64; 2],
+        wp: f64,
+        wo: f64,
+        wsum: f64,
+    ) -> Cand {
+        let a = if wp > 0.0 {
+            wp * f64::from(r.1) / dens[0]
+        } else {
+            0.0
+        };
+        let b = if wo > 0.0 {
+            wo * f64::from(r.2) / dens[1]
+        } else {
+            0.0
+        };
+        Cand {
+            token: r.0,
+            score: (a + b) / wsum,
+            child: [r.3, r.4, 0],
+        }
+    }
+}

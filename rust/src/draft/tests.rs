@@ -1,0 +1,183 @@
+use super::*;
+use crate::trie::TOP_K;
+
+fn trie(texts: &[&[u32]], depth: usize) -> Trie {
+    let mut t = Trie::new();
+    t.allowance = u64::MAX;
+    for x in texts {
+        t.add_windows(x, depth, 0..x.len());
+    }
+    t
+}
+
+fn src<'a>(p: Option<&'a Trie>, h: Option<&'a Trie>, depth: usize) -> Sources<'a> {
+    Sources {
+        prompt: p,
+        history: h,
+        prompt_weight: 1.0,
+        output_weight: 1.0,
+        max_depth: depth,
+        suffixes: [&[], &[]],
+        history_skip: None,
+        recycled: None,
+    }
+}
+
+#[test]
+fn nothing_matched_gives_the_root_alone() {
+    let p = trie(&[&[1, 2, 3]], 4);
+    let d = src(Some(&p), None, 4).draft(&[9], 8, true);
+    assert_eq!(d.tokens, vec![9]);
+    assert_eq!(d.parents, vec![-1]);
+}
+
+#[test]
+fn chain_copies_beyond_max_depth() {
+    let text: Vec<u32> = (10..40).collect();
+    let p = trie(&[&text], 3);
+    let d = src(Some(&p), None, 3).draft(&[10, 11], 20, false);
+    assert_eq!(d.tokens, (11..32).collect::<Vec<u32>>());
+    assert_eq!(d.parents, (-1..20).collect::<Vec<i32>>());
+}
+
+#[test]
+fn scores_mix_prompt_and_history() {
+    // After [5]: prompt says 6 (x1: 1 / (1 + 1)), history says 7 (x3) and 6 (x1): / (4 + 2).
+    let p = trie(&[&[5, 6]], 3);
+    let h = trie(&[&[5, 7], &[5, 7], &[5, 7], &[5, 6]], 3);
+    let s = src(Some(&p), Some(&h), 3);
+    let mut c = Vec::new();
+    s.candidates(
+        s.match_suffix(&[5]).unwrap(),
+        8,
+        &mut Scratch::default(),
+        &mut c,
+    );
+    assert_eq!(c[0].token, 6);
+    assert!((c[0].score - (0.5 + 1.0 / 6.0) / 2.0).abs() < 1e-12);
+    assert_eq!(c[1].token, 7);
+    assert!((c[1].score - 0.5 / 2.0).abs() < 1e-12);
+    let d = s.draft(&[5], 4, true);
+    assert_eq!(&d.tokens[..3], &[5, 6, 7]);
+    assert_eq!(&d.parents[..3], &[-1, 0, 0]);
+}
+
+#[test]
+fn candidates_score_each_tries_listed_children_exactly() {
+    let mut x = 7u64;
+    let mut rnd = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n) as u32
+    };
+    // Skewed ids: a few frequent tokens, a long tail, so nodes have many children.
+    let text = |len: usize, rnd: &mut dyn FnMut(u64) -> u32| -> Vec<u32> {
+        (0..len)
+            .map(|_| {
+                let a = rnd(60);
+                a * a / 60
+            })
+            .collect()
+    };
+    let pt = text(3000, &mut rnd);
+    let ht = text(5000, &mut rnd);
+    let p = trie(&[&pt], 4);
+    let h = trie(&[&ht], 4);
+    for (wp, wo) in [(1.0, 1.0), (1.0, 0.0), (0.0, 2.0), (0.2, 3.0)] {
+        let s = Sources {
+            prompt: Some(&p),
+            history: Some(&h),
+            prompt_weight: wp,
+            output_weight: wo,
+            max_depth: 4,
+            suffixes: [&[], &[]],
+            history_skip: None,
+            recycled: None,
+        };
+        let mut scratch = Scratch::default();
+        for ctx_len in [1usize, 2, 3] {
+            for _ in 0..60 {
+                let ctx: Vec<u32> = (0..ctx_len)
+                    .map(|_| {
+                        let a = rnd(60);
+                        a * a / 60
+                    })
+                    .collect();
+                let Some(st) = s.match_suffix(&ctx) else {
+                    continue;
+                };
+                // The rule: a trie with more than TOP_K children offers its TOP_K best
+                // (count desc, token asc); each offered token is scored with both
+                // tries' counts, S and D over all children.
+                let mut offered = std::collections::BTreeSet::new();
+                let mut counts = [std::collections::HashMap::new(), Default::default()];
+                let (mut sums, mut kids) = ([0u64; 2], [0u64; 2]);
+                for (x, (t, w)) in s.tries().into_iter().enumerate() {
+                    let Some(t) = t.filter(|_| w > 0.0 && st[x] != NONE) else {
+                        continue;
+                    };
+                    let mut ranked: Vec<(u32, u32)> = Vec::new();
+                    for (tok, c, cnt) in t.counted_children(st[x]).filter(|k| k.2 > 0) {
+                        counts[x].insert(tok, (cnt, c));
+                        sums[x] += u64::from(cnt);
+                        kids[x] += 1;
+                        ranked.push((cnt, tok));
+                    }
+                    ranked.sort_unstable_by_key(|&(cnt, tok)| (std::cmp::Reverse(cnt), tok));
+                    offered.extend(ranked.iter().take(TOP_K).map(|k| k.1));
+                }
+                let (wp, wo, dens) = s.weights(sums, kids);
+                let mut every: Vec<Cand> = offered
+                    .iter()
+                    .map(|&tok| {
+                        let (cp, np) = counts[0].get(&tok).copied().unwrap_or((0, NONE));
+                        let (ch, nh) = counts[1].get(&tok).copied().unwrap_or((0, NONE));
+                        Sources::score(&(tok, cp, ch, np, nh), dens, wp, wo, wp + wo)
+                    })
+                    .collect();
+                every.sort_by(|x, y| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token)));
+                for room in [1usize, 2, 5, 16, 32, 33, 100] {
+                    let (mut a, mut b) = (Vec::new(), every.clone());
+                    s.candidates(st, room, &mut scratch, &mut a);
+                    b.truncate(room);
+                    let key = |v: &Vec<Cand>| {
+                        v.iter()
+                            .map(|c| (c.token, c.score.to_bits(), [c.child[0], c.child[1]]))
+                            .collect::<Vec<_>>()
+                    };
+                    assert_eq!(key(&a), key(&b), "ctx {ctx:?} room {room}");
+                }
+            }
+        }
+    }
+    assert!(p.side(crate::trie::ROOT).is_some() && h.side(crate::trie::ROOT).is_some());
+}
+
+#[test]
+fn shorter_suffixes_back_off_with_the_escape_mass() {
+    // After "1 2": 3 (once: 1/2, escape 1/2). After "2": 3, 4, 5 once each (1/6 each);
+    // 3 is excluded, 4 and 5 join at 1/2 * 1/6.
+    let p = trie(&[&[1, 2, 3, 9, 2, 4, 7, 2, 5]], 3);
+    let d = src(Some(&p), None, 3).draft(&[1, 2], 8, true);
+    let root_kids: Vec<(u32, f32)> = (1..d.num_nodes())
+        .filter(|&i| d.parents[i] == 0)
+        .map(|i| (d.tokens[i], d.scores[i]))
+        .collect();
+    let twelfth = (0.5f64 * (1.0 / 6.0)) as f32;
+    assert_eq!(root_kids, vec![(3, 0.5), (4, twelfth), (5, twelfth)]);
+    // A one-token match has no shorter suffix: no backoff.
+    let d = src(Some(&p), None, 3).draft(&[4], 8, true);
+    assert_eq!(d.tokens[1], 7);
+    assert!(d.parents[1..].iter().filter(|&&q| q == 0).count() == 1);
+}
+
+#[test]
+fn longest_suffix_wins_then_falls_back() {
+    let p = trie(&[&[1, 2, 3, 9, 2, 3, 4]], 4);
+    let s = src(Some(&p), None, 4);
+    // "1 2 3" -> 9; "2 3" alone would prefer a tie between 9 and 4.
+    assert_eq!(s.draft(&[1, 2, 3], 1, false).tokens, vec![3, 9]);
+    // "8 2 3" is unknown, so "2 3" is used: 4 and 9 tie, smaller token first.
+    assert_eq!(s.draft(&[8, 2, 3], 1, false).tokens, vec![3, 4]);
+}
