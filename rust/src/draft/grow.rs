@@ -55,10 +55,10 @@ impl Sources<'_> {
             let (mass, every) = self.candidates(st, room, scratch, out);
             if i == 0 {
                 self.back_off(ctx, st, mass, every, room, scratch, out);
-                return st[2] as usize;
+                return st.len as usize;
             }
             if !out.is_empty() {
-                return st[2] as usize;
+                return st.len as usize;
             }
         }
         // The last `max_depth - 1` tokens of context + path to `i`, collected backwards.
@@ -88,7 +88,7 @@ impl Sources<'_> {
                 out.clear();
                 let cands = &scratch.memo_cands[span.clone()];
                 out.extend(cands.iter().take(room).copied());
-                return st[2] as usize;
+                return st.len as usize;
             }
         }
         self.candidates(st, room, scratch, out);
@@ -96,7 +96,7 @@ impl Sources<'_> {
         scratch.memo_cands.extend_from_slice(out);
         let span = start..scratch.memo_cands.len();
         scratch.memo.push((st, room, span));
-        st[2] as usize
+        st.len as usize
     }
 
     /// Adds to `out` (the root's candidates: those of `st`, a suffix of `ctx`, whose scores
@@ -116,7 +116,7 @@ impl Sources<'_> {
         out: &mut Vec<Cand>,
     ) {
         let mut left = 1.0 - mass;
-        if room == 0 || left < BACKOFF_MIN_MASS || st[2] <= 1 {
+        if room == 0 || left < BACKOFF_MIN_MASS || st.len <= 1 {
             return;
         }
         let mut lower = std::mem::take(&mut scratch.lower);
@@ -134,7 +134,7 @@ impl Sources<'_> {
         }
         let mut cur = st;
         let mut added = false;
-        while left >= BACKOFF_MIN_MASS && cur[2] > 1 {
+        while left >= BACKOFF_MIN_MASS && cur.len > 1 {
             let Some(next) = self.shorter_taking_part(ctx, cur) else {
                 break;
             };
@@ -144,7 +144,7 @@ impl Sources<'_> {
             let (next_mass, complete) = loop {
                 let (m, all) = self.scored(next, want, true, scratch, &mut lower);
                 for c in lower.iter_mut() {
-                    c.child[2] = next[2] + 1;
+                    c.child.len = next.len + 1;
                 }
                 let exhausted = lower.len() < want;
                 lower.retain(|c| {

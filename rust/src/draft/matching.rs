@@ -3,7 +3,7 @@
 use crate::arena::NONE;
 use crate::trie::Trie;
 
-use super::{Sources, State, EMPTY};
+use super::{Sources, State, EMPTY, HISTORY, OWN};
 
 /// The largest `k` in `lo + 1..hi` for which `f(k)` is `Some`, with its value, by binary
 /// search: `f` holds (or `lo` is a floor) at `lo`, fails at `hi`, and is monotone between.
@@ -50,10 +50,12 @@ impl Sources<'_> {
     pub(super) fn part(&self, st: &State, x: usize) -> Option<&Trie> {
         if x == 0 {
             self.prompt
-                .filter(|_| self.prompt_weight > 0.0 && st[0] != NONE)
+                .filter(|_| self.prompt_weight > 0.0 && st.nodes[OWN] != NONE)
         } else {
             self.history.filter(|_| {
-                self.output_weight > 0.0 && st[1] != NONE && self.history_answers(st[2] as usize)
+                self.output_weight > 0.0
+                    && st.nodes[HISTORY] != NONE
+                    && self.history_answers(st.len as usize)
             })
         }
     }
@@ -67,7 +69,7 @@ impl Sources<'_> {
     /// The state of the longest suffix of `ctx` shorter than `st`'s that a trie takes part
     /// in, reached from `st` by suffix links where possible.
     pub(super) fn shorter_taking_part(&self, ctx: &[u32], st: State) -> Option<State> {
-        (1..st[2] as usize).rev().find_map(|k| {
+        (1..st.len as usize).rev().find_map(|k| {
             self.probe(ctx, k, Some(st), false)
                 .filter(|s| self.takes_part(s))
         })
@@ -87,14 +89,14 @@ impl Sources<'_> {
     ) -> Option<State> {
         let s = &ctx[ctx.len() - k..];
         let mut st = EMPTY;
-        st[2] = k as u32;
+        st.len = k as u32;
         let mut any = false;
         for (x, (trie, w)) in self.tries().into_iter().enumerate() {
             if let Some(t) = trie.filter(|_| w > 0.0) {
                 let mut n = NONE;
-                if let Some(h) = hint.filter(|h| h[x] != NONE && h[2] as usize >= k) {
-                    n = h[x];
-                    for _ in k..h[2] as usize {
+                if let Some(h) = hint.filter(|h| h.nodes[x] != NONE && h.len as usize >= k) {
+                    n = h.nodes[x];
+                    for _ in k..h.len as usize {
                         n = t.node(n).link;
                         if n == NONE {
                             break;
@@ -110,7 +112,7 @@ impl Sources<'_> {
                     n = t.walk(s);
                 }
                 if n != NONE && t.has_continuation(n) {
-                    st[x] = n;
+                    st.nodes[x] = n;
                     any = true;
                 }
             }
@@ -146,11 +148,11 @@ impl Sources<'_> {
             // A trie it does not track (`NONE`: no counted node for `g`) may still continue `g`
             // through a count-0 prefix node, and then longer suffixes too; so may a history
             // left out by `history_skip`.
-            let k = h[2] as usize;
-            let skipped = h[1] != NONE && !self.history_answers(k);
+            let k = h.len as usize;
+            let skipped = h.nodes[HISTORY] != NONE && !self.history_answers(k);
             let (mut untracked, mut uncapped) = (skipped, false);
             for (x, (t, w)) in self.tries().into_iter().enumerate() {
-                if let Some(t) = t.filter(|_| w > 0.0 && h[x] == NONE) {
+                if let Some(t) = t.filter(|_| w > 0.0 && h.nodes[x] == NONE) {
                     untracked = true;
                     if k < longest {
                         let n = t.walk(&ctx[ctx.len() - k..]);
@@ -195,20 +197,23 @@ impl Sources<'_> {
             let n = history.walk(&ctx[ctx.len() - k..]);
             (n != NONE && history.has_continuation(n)).then_some(n)
         };
-        let from = hi.saturating_add(1).max(h[2] as usize + 1);
+        let from = hi.saturating_add(1).max(h.len as usize + 1);
         if from > longest {
             return None;
         }
         let first = continues(from)?;
         let (k, n) = longest_some(from, longest + 1, continues).unwrap_or((from, first));
-        Some([NONE, n, k as u32])
+        Some(State {
+            nodes: [NONE, n],
+            len: k as u32,
+        })
     }
 
     /// Whether a participating trie continues state `st` with `token` (count > 0).
     pub(super) fn continues(&self, st: State, token: u32) -> bool {
         (0..2).any(|x| {
             self.part(&st, x).is_some_and(|t| {
-                let n = t.find_child(st[x], token);
+                let n = t.find_child(st.nodes[x], token);
                 n != NONE && t.node(n).count > 0
             })
         })

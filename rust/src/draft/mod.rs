@@ -58,15 +58,30 @@ pub const BACKOFF_PER_LEVEL: usize = 4;
 /// offers its 8 best continuations, ranked by count desc, token asc).
 pub const BACKOFF_TOP: usize = SIDE_AT;
 
-/// (prompt-trie node, history-trie node, n-gram length); a node is `NONE` where that trie
-/// does not continue the n-gram.
-pub type State = [u32; 3];
+/// Which trie a per-trie pair holds first: the request's own text (its prompt and outputs),
+/// then the namespace's shared history.
+pub const OWN: usize = 0;
+pub const HISTORY: usize = 1;
 
-pub(super) const EMPTY: State = [NONE, NONE, 0];
+/// Where one n-gram sits in each trie: its node in the request's own trie and in the shared
+/// history (`NONE` where that trie does not continue it), and its length in tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State {
+    /// Indexed by `OWN` / `HISTORY`.
+    pub nodes: [u32; 2],
+    pub len: u32,
+}
 
+pub(super) const EMPTY: State = State {
+    nodes: [NONE, NONE],
+    len: 0,
+};
 /// The child state of a candidate no trie continues (a recycled prediction): expanding it
 /// matches the context + path afresh.
-pub(super) const FRESH: State = [NONE, NONE, u32::MAX];
+pub(super) const FRESH: State = State {
+    nodes: [NONE, NONE],
+    len: u32::MAX,
+};
 
 /// Recycled predictions join the candidates of a node only where the tries continue an
 /// n-gram of at most this many tokens (or none): a longer match is a copy that the target's
@@ -129,7 +144,7 @@ pub struct Cand {
 /// Buffers reused across the expansions of one draft, and across the drafts of one thread.
 #[derive(Default)]
 pub struct Scratch {
-    pub(super) raw: Vec<(u32, u32, u32, u32, u32)>,
+    pub(super) raw: Vec<scoring::Row>,
     /// Fresh-match states already scored: (state, room asked, best-first list).
     pub(super) memo: Vec<(State, usize, std::ops::Range<usize>)>,
     /// The memo's lists, back to back.

@@ -3,7 +3,7 @@
 use crate::arena::NONE;
 use crate::trie::{Side, TOP_K};
 
-use super::{Cand, Scratch, Sources, State, BACKOFF_TOP};
+use super::{Cand, Scratch, Sources, State, BACKOFF_TOP, HISTORY, OWN};
 
 /// Whether `side`'s ranked list stands for its node's children: without eviction it lists
 /// the `TOP_K` best (or all) of them. Eviction leaves lists approximate, and short where
@@ -36,13 +36,24 @@ pub(super) fn keep_best(out: &mut Vec<Cand>, room: usize) {
     out.sort_unstable_by(better);
 }
 
+/// One offered child with both tries' sides of it: its token, and its count and node in
+/// each trie (0 / `NONE` where a trie lacks it), indexed by `OWN` / `HISTORY`.
+#[derive(Clone, Copy, Debug)]
+pub struct Row {
+    pub token: u32,
+    pub counts: [u32; 2],
+    pub nodes: [u32; 2],
+}
+
 /// Merges `raw`'s entries of the same token (one per trie: the first `split` from the
 /// prompt trie, the rest from the history) into one holding both counts and children (a
 /// trie's missing side is 0 / `NONE` = u32::MAX, or both sides when looked up).
-pub(super) fn fold_by_token(raw: &mut Vec<(u32, u32, u32, u32, u32)>, split: usize) {
-    let merge = |kept: &mut (u32, u32, u32, u32, u32), r: (u32, u32, u32, u32, u32)| {
-        (kept.1, kept.2) = (kept.1.max(r.1), kept.2.max(r.2));
-        (kept.3, kept.4) = (kept.3.min(r.3), kept.4.min(r.4));
+pub(super) fn fold_by_token(raw: &mut Vec<Row>, split: usize) {
+    let merge = |kept: &mut Row, r: Row| {
+        for x in [OWN, HISTORY] {
+            kept.counts[x] = kept.counts[x].max(r.counts[x]);
+            kept.nodes[x] = kept.nodes[x].min(r.nodes[x]);
+        }
     };
     if split == 0 || split == raw.len() {
         return;
@@ -51,7 +62,7 @@ pub(super) fn fold_by_token(raw: &mut Vec<(u32, u32, u32, u32, u32)>, split: usi
         let mut j = split;
         while j < raw.len() {
             let h = raw[j];
-            if let Some(p) = raw[..split].iter_mut().find(|r| r.0 == h.0) {
+            if let Some(p) = raw[..split].iter_mut().find(|r| r.token == h.token) {
                 merge(p, h);
                 raw.swap_remove(j);
             } else {
@@ -59,9 +70,9 @@ pub(super) fn fold_by_token(raw: &mut Vec<(u32, u32, u32, u32, u32)>, split: usi
             }
         }
     } else {
-        raw.sort_unstable_by_key(|r| r.0);
+        raw.sort_unstable_by_key(|r| r.token);
         raw.dedup_by(|later, kept| {
-            let same = later.0 == kept.0;
+            let same = later.token == kept.token;
             if same {
                 merge(kept, *later);
             }
@@ -91,10 +102,10 @@ impl Sources<'_> {
         // the loads overlap instead of waiting one after another.
         let tries = [self.prompt, self.history];
         for c in out.iter_mut() {
-            c.child[2] = st[2] + 1;
+            c.child.len = st.len + 1;
             for (x, t) in tries.iter().enumerate() {
-                if let (Some(t), true) = (t, c.child[x] != NONE) {
-                    t.arena.prefetch(t.node(c.child[x]).first_child);
+                if let (Some(t), true) = (t, c.child.nodes[x] != NONE) {
+                    t.arena.prefetch(t.node(c.child.nodes[x]).first_child);
                 }
             }
         }
@@ -120,7 +131,7 @@ impl Sources<'_> {
         let offer = if top { BACKOFF_TOP } else { TOP_K };
         let mut every_child = true;
         for (x, r) in ranked.iter_mut().enumerate() {
-            if let Some(side) = live(x).and_then(|t| t.side(st[x])) {
+            if let Some(side) = live(x).and_then(|t| t.side(st.nodes[x])) {
                 if offers(side, top) {
                     *r = Some(side);
                     every_child &= side.top.len().min(offer) == side.num_children();
@@ -128,7 +139,6 @@ impl Sources<'_> {
             }
         }
         out.clear();
-        // (token, count in prompt, count in history, child in prompt, child in history)
         let raw = &mut scratch.raw;
         raw.clear();
         let mut sums = [0u64; 2];
@@ -143,16 +153,18 @@ impl Sources<'_> {
                 let mut add = |tok: u32, cnt: u32, c: u32| {
                     let (mut oc, mut on) = (0, NONE);
                     if let Some(o) = other {
-                        let n = o.find_child(st[y], tok);
+                        let n = o.find_child(st.nodes[y], tok);
                         if n != NONE && o.node(n).count > 0 {
                             (oc, on) = (o.node(n).count, n);
                         }
                     }
-                    raw.push(if x == 0 {
-                        (tok, cnt, oc, c, on)
-                    } else {
-                        (tok, oc, cnt, on, c)
-                    });
+                    let mut row = Row {
+                        token: tok,
+                        counts: [oc; 2],
+                        nodes: [on; 2],
+                    };
+                    (row.counts[x], row.nodes[x]) = (cnt, c);
+                    raw.push(row);
                 };
                 match ranked[x] {
                     Some(side) => {
@@ -165,7 +177,7 @@ impl Sources<'_> {
                         }
                     }
                     None => {
-                        for (tok, c, cnt) in t.counted_children(st[x]) {
+                        for (tok, c, cnt) in t.counted_children(st.nodes[x]) {
                             if cnt > 0 {
                                 sums[x] += u64::from(cnt);
                                 kids[x] += 1;
@@ -185,15 +197,14 @@ impl Sources<'_> {
         out.extend(raw.iter().map(|r| Self::score(r, dens, wp, wo, wsum)));
         let all = every_child && out.len() < room;
         keep_best(out, room);
-        if let Some(h) = tries[1]
-            .0
-            .filter(|_| tries[1].1 > 0.0 && st[1] != NONE && !self.history_answers(st[2] as usize))
-        {
+        if let Some(h) = tries[1].0.filter(|_| {
+            tries[1].1 > 0.0 && st.nodes[HISTORY] != NONE && !self.history_answers(st.len as usize)
+        }) {
             // A history left out here still follows the path: deeper, it may answer again.
             for c in out.iter_mut() {
-                let n = h.find_child(st[1], c.token);
+                let n = h.find_child(st.nodes[HISTORY], c.token);
                 if n != NONE && h.node(n).count > 0 {
-                    c.child[1] = n;
+                    c.child.nodes[HISTORY] = n;
                 }
             }
         }
@@ -224,27 +235,24 @@ impl Sources<'_> {
     }
 
     #[inline]
-    pub(super) fn score(
-        r: &(u32, u32, u32, u32, u32),
-        dens: [f64; 2],
-        wp: f64,
-        wo: f64,
-        wsum: f64,
-    ) -> Cand {
+    pub(super) fn score(r: &Row, dens: [f64; 2], wp: f64, wo: f64, wsum: f64) -> Cand {
         let a = if wp > 0.0 {
-            wp * f64::from(r.1) / dens[0]
+            wp * f64::from(r.counts[OWN]) / dens[0]
         } else {
             0.0
         };
         let b = if wo > 0.0 {
-            wo * f64::from(r.2) / dens[1]
+            wo * f64::from(r.counts[HISTORY]) / dens[1]
         } else {
             0.0
         };
         Cand {
-            token: r.0,
+            token: r.token,
             score: (a + b) / wsum,
-            child: [r.3, r.4, 0],
+            child: State {
+                nodes: r.nodes,
+                len: 0,
+            },
         }
     }
 }

@@ -1,3 +1,4 @@
+use super::scoring::Row;
 use super::*;
 use crate::trie::TOP_K;
 
@@ -114,11 +115,11 @@ fn candidates_score_each_tries_listed_children_exactly() {
                 let mut counts = [std::collections::HashMap::new(), Default::default()];
                 let (mut sums, mut kids) = ([0u64; 2], [0u64; 2]);
                 for (x, (t, w)) in s.tries().into_iter().enumerate() {
-                    let Some(t) = t.filter(|_| w > 0.0 && st[x] != NONE) else {
+                    let Some(t) = t.filter(|_| w > 0.0 && st.nodes[x] != NONE) else {
                         continue;
                     };
                     let mut ranked: Vec<(u32, u32)> = Vec::new();
-                    for (tok, c, cnt) in t.counted_children(st[x]).filter(|k| k.2 > 0) {
+                    for (tok, c, cnt) in t.counted_children(st.nodes[x]).filter(|k| k.2 > 0) {
                         counts[x].insert(tok, (cnt, c));
                         sums[x] += u64::from(cnt);
                         kids[x] += 1;
@@ -133,7 +134,17 @@ fn candidates_score_each_tries_listed_children_exactly() {
                     .map(|&tok| {
                         let (cp, np) = counts[0].get(&tok).copied().unwrap_or((0, NONE));
                         let (ch, nh) = counts[1].get(&tok).copied().unwrap_or((0, NONE));
-                        Sources::score(&(tok, cp, ch, np, nh), dens, wp, wo, wp + wo)
+                        Sources::score(
+                            &Row {
+                                token: tok,
+                                counts: [cp, ch],
+                                nodes: [np, nh],
+                            },
+                            dens,
+                            wp,
+                            wo,
+                            wp + wo,
+                        )
                     })
                     .collect();
                 every.sort_by(|x, y| y.score.total_cmp(&x.score).then(x.token.cmp(&y.token)));
@@ -143,7 +154,13 @@ fn candidates_score_each_tries_listed_children_exactly() {
                     b.truncate(room);
                     let key = |v: &Vec<Cand>| {
                         v.iter()
-                            .map(|c| (c.token, c.score.to_bits(), [c.child[0], c.child[1]]))
+                            .map(|c| {
+                                (
+                                    c.token,
+                                    c.score.to_bits(),
+                                    [c.child.nodes[OWN], c.child.nodes[HISTORY]],
+                                )
+                            })
                             .collect::<Vec<_>>()
                     };
                     assert_eq!(key(&a), key(&b), "ctx {ctx:?} room {room}");
