@@ -38,14 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(BENCHES[argv[0]][0])
     from lookahead.errors import LookaheadError
-    from lookahead.models import ModelLoadError
 
     try:
         return int(module.main(argv[1:]) or 0)
     except KeyboardInterrupt:
         print(f"\npython -m benchmarks {argv[0]}: interrupted", file=sys.stderr)
         return 130
-    except (LookaheadError, ModelLoadError, ValueError, OSError) as e:
+    except (LookaheadError, ValueError, OSError) as e:
         # What a user can fix (a path, a file's contents, a model, a value): one line.
         print(f"python -m benchmarks {argv[0]}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import lookahead
 import numpy as np
@@ -684,3 +685,19 @@ def test_ctrl_c_stops_a_long_add_history_within_a_second():
     word, seconds = out.stdout.split()
     assert word == "interrupted", out.stdout
     assert float(seconds) < 1.0, out.stdout
+
+
+def test_every_exception_is_a_lookahead_error():
+    import ast
+
+    for name in lookahead.errors.__all__:
+        assert issubclass(getattr(lookahead, name), LookaheadError), name
+    # No module defines an exception of its own outside lookahead/errors.py.
+    package = Path(lookahead.__file__).resolve().parent
+    for path in package.rglob("*.py"):
+        if path.name == "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b) for b in node.bases]
+                assert not any(b.endswith(("Error", "Exception")) for b in bases), (path, node.name)

@@ -13,11 +13,15 @@ from lookahead.errors import (
     InternalError,
     InvalidInput,
     InvariantError,
+    KVCacheError,
+    LookaheadConfigError,
     LookaheadError,
+    ModelLoadError,
     PersistError,
     RequestExists,
     SaveFileNotFound,
     UnknownRequest,
+    UnsupportedSGLangVersion,
 )
 
 __version__ = "0.1.0"
@@ -31,12 +35,16 @@ __all__ = [
     "InternalError",
     "InvalidInput",
     "InvariantError",
+    "KVCacheError",
     "LookaheadCache",
+    "LookaheadConfigError",
     "LookaheadError",
+    "ModelLoadError",
     "PersistError",
     "RequestExists",
     "SaveFileNotFound",
     "UnknownRequest",
+    "UnsupportedSGLangVersion",
     "__version__",
     *_ENGINE_NAMES,
 ]

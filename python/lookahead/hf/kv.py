@@ -11,9 +11,7 @@ import inspect
 
 import torch
 
-
-class KVCacheError(TypeError):
-    """The model does not expose the KV-cache API the engine needs."""
+from lookahead.errors import KVCacheError
 
 
 def check_model_supports_kv(model) -> None:

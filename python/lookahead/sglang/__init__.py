@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from importlib import metadata
 
+from lookahead.errors import UnsupportedSGLangVersion
 from lookahead.sglang.config import SKIP_VERSION_CHECK_ENV, LookaheadConfigError, read_env
 
 __all__ = [
@@ -32,10 +33,6 @@ SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 logger = logging.getLogger(__name__)
 
 _registered = False
-
-
-class UnsupportedSGLangVersion(RuntimeError):
-    """The installed SGLang is not one this plugin supports."""
 
 
 def check_sglang_version(installed: str | None = None, skip: bool = False) -> str:

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lookahead.errors import LookaheadConfigError
+
 # The `--speculative-algorithm` value the plugin registers.
 ALGORITHM_NAME = "LOOKAHEAD"
 
@@ -79,10 +81,6 @@ EXTRA_KEYS: dict[str, Any] = {
 # and 63.5 tok/s (no speculation 67.7); 64 keeps N = 8 up to 8 requests (BENCHMARKS.md,
 # SGLang serving on CPU).
 DEFAULT_CPU_VERIFY_ROWS = 64
-
-
-class LookaheadConfigError(ValueError):
-    """A bad plugin configuration, reported at server start-up."""
 
 
 @dataclass(frozen=True)
