@@ -2,7 +2,7 @@
 
 Measures, on this machine:
 - prompt indexing of 1k / 8k / 32k-token prompts at depth 12: ns per token, in the core
-  (`_core._time_index`: the sorted build of one prompt trie) and through the API
+  (`_core._time_index`: the sorted build of one own trie) and through the API
   (`start_request` with `background_indexing=False`: validation, copy, budget, build);
 - drafts at budgets 8 / 16 / 32 (best-first trees, and one branch at 16) on a shared history
   of about 1M nodes: µs mean / p50 / p99, timed inside Rust (`Cache._time_drafts`, no Python

@@ -19,7 +19,7 @@ arguments:
 - `tau`: replace counts by counts decayed with time constant `tau` tokens (0: off);
 - `own`: the request's trie also counts its own outputs (what the core does since 7aac88d;
   off: session 2's rules, where only the shared history saw them);
-- `wp`, `wo`: `prompt_weight` (the request's trie) and `output_weight` (the core: 4 and 1);
+- `wp`, `wo`: `own_weight` (the request's trie) and `history_weight` (the core: 4 and 1);
 - `lag`: each step's verified tokens are counted into the tries only after the next draft
   (a serving loop that inserts in the background while the model runs; the context itself
   is current);
@@ -83,7 +83,7 @@ class Prototype(ReferenceCache):
         hfin=False,
         cal=0.0,
     ):
-        super().__init__(max_depth=depth, prompt_weight=wp, output_weight=wo, history_skip=skip)
+        super().__init__(max_depth=depth, own_weight=wp, history_weight=wo, history_skip=skip)
         self.own = own
         self.mode, self.cut, self.lowcap = mode, cut, lowcap
         self.g0, self.ge, self.rec, self.tau, self.gd = g0, ge, rec, tau, gd

@@ -55,15 +55,15 @@ class ReferenceCache:
     def __init__(
         self,
         max_depth=12,
-        prompt_weight=4.0,
-        output_weight=1.0,
+        own_weight=4.0,
+        history_weight=1.0,
         keep_prompt_as_history=False,
         history_skip=(3, 6),
     ):
         self.depth = max_depth
         self.skip = history_skip
-        self.wp = float(prompt_weight)
-        self.wo = float(output_weight)
+        self.wp = float(own_weight)
+        self.wo = float(history_weight)
         self.keep = keep_prompt_as_history
         self.history: dict[str, Counts] = defaultdict(dict)
         self.requests: dict = {}

@@ -120,10 +120,10 @@ def test_bad_arguments(cache):
         {"max_depth": 1},
         {"max_depth": 65},
         {"capacity_nodes": 0},
-        {"prompt_weight": -1.0},
-        {"prompt_weight": 0.0, "output_weight": 0.0},
-        {"output_weight": float("nan")},
-        {"prompt_weight": 1e308, "output_weight": 1e308},  # scores would overflow
+        {"own_weight": -1.0},
+        {"own_weight": 0.0, "history_weight": 0.0},
+        {"history_weight": float("nan")},
+        {"own_weight": 1e308, "history_weight": 1e308},  # scores would overflow
         {"max_depth": 2.5},
         {"capacity_nodes": 2**70},
         {"index_threads": 257},
@@ -361,7 +361,7 @@ def test_a_requests_own_outputs_outrank_the_shared_history():
     # With the shared history weighed out, the request still drafts from its own outputs,
     # and no history is kept (nothing would read it), kept prompts included.
     c = LookaheadCache(
-        max_depth=3, output_weight=0.0, background_indexing=False, keep_prompt_as_history=True
+        max_depth=3, history_weight=0.0, background_indexing=False, keep_prompt_as_history=True
     )
     c.start_request("r", [9])
     c.extend("r", [1, 2, 4, 1, 2])
@@ -370,7 +370,7 @@ def test_a_requests_own_outputs_outrank_the_shared_history():
     assert c.stats()["nodes"] == 0
     # With the request's own text weighed out, no own trie is built (its nodes could not be
     # evicted and would push out the history that drafts do read).
-    c = LookaheadCache(max_depth=3, prompt_weight=0.0, background_indexing=False)
+    c = LookaheadCache(max_depth=3, own_weight=0.0, background_indexing=False)
     c.add_history([[1, 2, 4]])
     base = c.stats()["nodes"]
     c.start_request("r", list(range(100, 200)))
@@ -392,7 +392,7 @@ def test_keep_prompt_merges_into_history():
     c.start_request(4, [8, 9])
     assert c.draft(4, budget=2).num_nodes == 1
     s = c.stats()
-    assert s["nodes"] == s["history_nodes"] + s["prompt_nodes"] and s["live_requests"] == 2
+    assert s["nodes"] == s["history_nodes"] + s["own_nodes"] and s["live_requests"] == 2
 
 
 def test_capacity_holds_and_eviction_counts():
@@ -417,7 +417,7 @@ def test_a_prompt_bigger_than_the_capacity_is_truncated():
     c.start_request(1, np.arange(5_000) % 977)
     s = c.stats()
     # One prompt takes at most a quarter of the capacity (`PROMPT_SHARE`).
-    assert s["prompt_nodes"] == 250 and s["truncated_prompts"] == 1
+    assert s["own_nodes"] == 250 and s["truncated_prompts"] == 1
     c.check_invariants()
     c.finish_request(1)
     assert c.stats()["nodes"] == 0
@@ -450,7 +450,7 @@ def test_save_load_round_trip(tmp_path):
     c = LookaheadCache(
         max_depth=5,
         capacity_nodes=50_000,
-        prompt_weight=0.5,
+        own_weight=0.5,
         background_indexing=False,
         history_skip=(2, 3),
     )
@@ -685,6 +685,15 @@ def test_ctrl_c_stops_a_long_add_history_within_a_second():
     word, seconds = out.stdout.split()
     assert word == "interrupted", out.stdout
     assert float(seconds) < 1.0, out.stdout
+
+
+def test_renamed_knobs_are_refused_with_their_new_names():
+    with pytest.raises(InvalidInput, match="prompt_weight is now own_weight"):
+        LookaheadCache(prompt_weight=2.0)
+    with pytest.raises(InvalidInput, match="output_weight is now history_weight"):
+        LookaheadCache(output_weight=2.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        LookaheadCache(nope=1)
 
 
 def test_every_exception_is_a_lookahead_error():

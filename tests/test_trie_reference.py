@@ -65,8 +65,8 @@ def assert_same_draft(cache, ref, rid, budget, multi):
 def test_drafts_match_reference(depth, w, keep, background, skip, ops):
     kw = dict(
         max_depth=depth,
-        prompt_weight=w[0],
-        output_weight=w[1],
+        own_weight=w[0],
+        history_weight=w[1],
         keep_prompt_as_history=keep,
         history_skip=skip,
     )
@@ -118,7 +118,7 @@ wide_text = st.lists(st.one_of(st.just(0), st.integers(1, 120)), min_size=60, ma
     output=st.lists(st.one_of(st.just(0), st.integers(1, 120)), min_size=1, max_size=40),
 )
 def test_wide_ngrams_match_reference(depth, w, skip, prompt, history, output):
-    kw = dict(max_depth=depth, prompt_weight=w[0], output_weight=w[1], history_skip=skip)
+    kw = dict(max_depth=depth, own_weight=w[0], history_weight=w[1], history_skip=skip)
     cache = LookaheadCache(capacity_nodes=1_000_000, background_indexing=False, **kw)
     ref = ReferenceCache(**kw)
     for c in (cache, ref):
@@ -196,7 +196,7 @@ def test_rematch_reaches_past_a_count_zero_prefix_node():
     # the outputs 4 and 5 (prompts are not kept): after backing off to "1" and drafting 1,
     # the state's history is untracked, yet "1 1 1" continues there (-> 4); the fresh match
     # must find that 3-gram, not stop at "1 1" (found by review, session 8).
-    kw = dict(max_depth=5, prompt_weight=1.0, output_weight=1.0, history_skip=None)
+    kw = dict(max_depth=5, own_weight=1.0, history_weight=1.0, history_skip=None)
     cache = LookaheadCache(capacity_nodes=100_000, background_indexing=False, **kw)
     ref = ReferenceCache(**kw)
     for c in (cache, ref):
@@ -213,7 +213,7 @@ def test_rematch_finds_an_ngram_the_state_did_not_track():
     # "9 0" ends the prompt and occurs in the history only as the prefix of "9 0 0" (count 0):
     # the state after drafting 0 tracks the prompt alone, which does not continue it, but the
     # fresh match must still find "9 0" -> 0 in the history (not fall back to "0").
-    kw = dict(max_depth=3, prompt_weight=1.0, output_weight=1.0)
+    kw = dict(max_depth=3, own_weight=1.0, history_weight=1.0)
     cache = LookaheadCache(capacity_nodes=1_000, background_indexing=False, **kw)
     ref = ReferenceCache(**kw)
     for c in (cache, ref):

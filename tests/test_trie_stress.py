@@ -64,6 +64,6 @@ def test_threads_hammer_one_cache(capacity):
     assert not errors, errors[:3]
     cache.check_invariants()
     s = cache.stats()
-    assert s["live_requests"] == 0 and s["prompt_nodes"] == 0 and s["nodes"] <= capacity
+    assert s["live_requests"] == 0 and s["own_nodes"] == 0 and s["nodes"] <= capacity
     if capacity == 3_000:
         assert s["evicted_nodes"] > 0

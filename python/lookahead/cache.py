@@ -50,6 +50,21 @@ class BatchDraft(NamedTuple):
         return Draft(self.tokens[b, :n], self.parents[b, :n], self.scores[b, :n], n)
 
 
+# Knobs renamed because the old name was untrue: refused, naming the new one, for a release.
+RENAMED = {
+    "prompt_weight": "own_weight",  # it weighs the request's own outputs too, not only the prompt
+    "output_weight": "history_weight",  # it weighs the shared history, kept prompts included
+}
+
+
+def refuse_renamed(given: dict, where: str) -> None:
+    """Refuse knobs given under an old name (`RENAMED`), or unknown ones, naming the fix."""
+    for name in given:
+        if name in RENAMED:
+            raise InvalidInput(f"{where}: {name} is now {RENAMED[name]} (same meaning and default)")
+        raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
+
+
 # Half the cores, at most 8: a serving process has other work for the rest (prompt indexing,
 # its scheduler); on a 2-core machine a second draft thread costs more than it saves
 # (`python -m benchmarks.serving_host`, BENCHMARKS.md, "SGLang serving"). Read once: os.cpu_count() costs ~10 µs.
@@ -66,10 +81,10 @@ class LookaheadCache:
             and live request; about 62 B measured), whatever the number of namespaces. A
             namespace past half of it evicts its own history first; one prompt indexes at
             most a quarter of it (docs/interfaces.md, "Memory").
-        prompt_weight: weight of the request's own counts in scoring (0 to 1e6): its prompt's
+        own_weight: weight of the request's own counts in scoring (0 to 1e6): its prompt's
             n-grams and those of its outputs so far (the request's own trie; at 0 it is not
             built).
-        output_weight: weight of the namespace's shared counts (0 to 1e6): the outputs of all its
+        history_weight: weight of the namespace's shared counts (0 to 1e6): the outputs of all its
             requests (and merged prompts, `add_history` texts); at 0 outputs and kept prompts
             are not counted there (`add_history` still is).
         keep_prompt_as_history: on finish, merge the prompt's n-grams into shared history.
@@ -103,8 +118,8 @@ class LookaheadCache:
         self,
         max_depth: int = 12,
         capacity_nodes: int = 4_000_000,
-        prompt_weight: float = 4.0,
-        output_weight: float = 1.0,
+        own_weight: float = 4.0,
+        history_weight: float = 1.0,
         keep_prompt_as_history: bool = False,
         background_indexing: bool = True,
         index_threads: int = 0,
@@ -114,7 +129,9 @@ class LookaheadCache:
         recycle_weight: float = 0.5,
         *,
         _core_cache: _core.Cache | None = None,
+        **renamed: Any,
     ) -> None:
+        refuse_renamed(renamed, "LookaheadCache")
         if _core_cache is not None:
             self._c = _core_cache
             return
@@ -134,8 +151,8 @@ class LookaheadCache:
             if not is_bool(flag):
                 raise InvalidInput(f"{name} must be a bool, got {flag!r}")
         for name, w in (
-            ("prompt_weight", prompt_weight),
-            ("output_weight", output_weight),
+            ("own_weight", own_weight),
+            ("history_weight", history_weight),
             ("recycle_weight", recycle_weight),
         ):
             if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
@@ -154,8 +171,8 @@ class LookaheadCache:
         self._c = _core.Cache(
             int(max_depth),
             int(capacity_nodes),
-            float(prompt_weight),
-            float(output_weight),
+            float(own_weight),
+            float(history_weight),
             bool(keep_prompt_as_history),
             bool(background_indexing),
             int(index_threads),
@@ -320,10 +337,10 @@ class LookaheadCache:
         self._c.add_history(list(corpus), namespace)
 
     def stats(self) -> dict[str, int]:
-        """nodes, history_nodes, prompt_nodes, capacity_nodes, bytes, live_requests,
+        """nodes, history_nodes, own_nodes, capacity_nodes, bytes, live_requests,
         pending_prompts, namespaces, hits, misses, evicted_nodes, truncated_prompts.
 
-        `prompt_nodes` counts the live requests' own tries: their prompts' n-grams and those
+        `own_nodes` counts the live requests' own tries: their prompts' n-grams and those
         of their outputs so far."""
         return dict(self._c.stats())
 

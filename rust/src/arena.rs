@@ -57,7 +57,7 @@ impl Node {
     }
 }
 
-/// Full-size segments of dropped arenas, reused by new ones: a request's prompt trie then
+/// Full-size segments of dropped arenas, reused by new ones: a request's own trie then
 /// lands in memory that is already mapped (page faults cost more than building, in a VM).
 static SPARE: Mutex<Vec<Vec<Node>>> = Mutex::new(Vec::new());
 /// Most spare segments kept (x 1.8 MB); memory beyond this goes back to the allocator.
@@ -162,7 +162,7 @@ impl Arena {
         assert!(self.slots < FREED, "arena index space exhausted");
         let seg = (self.slots >> SEG_BITS) as usize;
         if seg == self.segs.len() {
-            // Small first segment: most prompt tries of short requests, and the histories of
+            // Small first segment: most own tries of short requests, and the histories of
             // most namespaces of a many-tenant server, stay tiny.
             self.segs.push(if seg == 0 {
                 Vec::with_capacity(FIRST_SEG_LEN)

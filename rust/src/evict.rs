@@ -5,7 +5,7 @@
 //! Eviction is a CLOCK sweep over a history trie's arena: a visited node with count 0 and no
 //! children is freed, any other node has its count halved. Frequent n-grams therefore survive
 //! several revolutions, rare and stale ones go first; parents become leaves (and evictable)
-//! only after their children went. Prompt tries of live requests are never swept.
+//! only after their children went. Own tries of live requests are never swept.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -121,8 +121,8 @@ fn fuzz_random_operations_from_threads() {
         let cfg = Config {
             max_depth: 2 + rng.below(14) as usize,
             capacity_nodes: capacity,
-            prompt_weight: [0.0, 0.5, 1.0][rng.below(3) as usize],
-            output_weight: [0.25, 1.0][rng.below(2) as usize],
+            own_weight: [0.0, 0.5, 1.0][rng.below(3) as usize],
+            history_weight: [0.25, 1.0][rng.below(2) as usize],
             keep_prompt_as_history: rng.below(2) == 0,
             background_indexing: rng.below(3) != 0,
             index_threads: 1 + rng.below(2) as usize,

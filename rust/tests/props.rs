@@ -147,7 +147,7 @@ proptest! {
             // The request's own trie: its prompt and its outputs so far.
             let mut want = HashMap::new();
             count_ending_at(&mut want, ctx, depth, 0..ctx.len());
-            let got = positive(c.prompt_ngrams(&RequestId::Int(i64::from(*r))).unwrap());
+            let got = positive(c.own_ngrams(&RequestId::Int(i64::from(*r))).unwrap());
             prop_assert_eq!(got, want);
         }
     }

@@ -72,7 +72,7 @@ def test_our_flags_map_onto_sglangs(plugins_loaded, monkeypatch):
         "--speculative-ngram-max-bfs-breadth", "1",
         "--max-running-requests", "8",
     ]  # fmt: skip
-    extra = '{"budget": 9, "prompt_weight": 2.0, "namespace": "request", "exact_sampling": false}'
+    extra = '{"budget": 9, "own_weight": 2.0, "namespace": "request", "exact_sampling": false}'
     _, get = resolve(argv, monkeypatch, extra)
     assert get("speculative_num_draft_tokens") == 16
     assert get("max_running_requests") == 8
@@ -80,7 +80,7 @@ def test_our_flags_map_onto_sglangs(plugins_loaded, monkeypatch):
     assert get("speculative_num_steps") == 16
     cfg = serving_config(get)
     assert (cfg.width, cfg.budget, cfg.max_depth, cfg.capacity_nodes) == (16, 9, 24, 2_000_000)
-    assert not cfg.multi_branch and cfg.prompt_weight == 2.0
+    assert not cfg.multi_branch and cfg.own_weight == 2.0
     assert cfg.namespace == "request" and not cfg.exact_sampling
     assert cfg.stats_interval_s == 60.0
     _, get = resolve(argv, monkeypatch, '{"stats_interval_s": 0}')
@@ -148,13 +148,15 @@ def test_budget_too_large_for_the_graph_width_fails(plugins_loaded, monkeypatch)
         ("{nope", "not valid JSON"),
         ("[1]", "must be a JSON object"),
         ('{"prompt_wieght": 1}', r"unknown keys \['prompt_wieght'\]"),
+        ('{"prompt_weight": 1}', "prompt_weight is now own_weight"),
+        ('{"output_weight": 1}', "output_weight is now history_weight"),
         ('{"namespace": "tenant"}', "namespace must be one of"),
-        ('{"output_weight": -1}', r"output_weight must be a number in \[0.0, 1e\+06\]"),
-        ('{"prompt_weight": NaN}', "prompt_weight must be a number in"),
-        ('{"output_weight": Infinity}', "output_weight must be a number in"),
-        ('{"prompt_weight": 1e7}', "prompt_weight must be a number in"),
-        ('{"prompt_weight": 0, "output_weight": 0}', "cannot both be 0"),
-        ('{"prompt_weight": 0, "namespace": "request"}', "prompt_weight 0 leaves out"),
+        ('{"history_weight": -1}', r"history_weight must be a number in \[0.0, 1e\+06\]"),
+        ('{"own_weight": NaN}', "own_weight must be a number in"),
+        ('{"history_weight": Infinity}', "history_weight must be a number in"),
+        ('{"own_weight": 1e7}', "own_weight must be a number in"),
+        ('{"own_weight": 0, "history_weight": 0}', "cannot both be 0"),
+        ('{"own_weight": 0, "namespace": "request"}', "own_weight 0 leaves out"),
         ('{"draft_threads": 100000}', r"draft_threads must be an int in \[0, 256\]"),
         ('{"exact_sampling": 1}', "exact_sampling must be true or false"),
         ('{"index_threads": 1000}', r"index_threads must be an int in \[0, 256\]"),

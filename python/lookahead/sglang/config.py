@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lookahead.cache import RENAMED
 from lookahead.errors import LookaheadConfigError
 
 # The `--speculative-algorithm` value the plugin registers.
@@ -53,8 +54,8 @@ MAX_CAPACITY_NODES = 2**32 - 3
 # LOOKAHEAD_CONFIG keys and their defaults.
 EXTRA_KEYS: dict[str, Any] = {
     "budget": None,  # drafted nodes per request; None -> N - 1 (the whole verify width)
-    "prompt_weight": 4.0,
-    "output_weight": 1.0,
+    "own_weight": 4.0,
+    "history_weight": 1.0,
     "keep_prompt_as_history": False,
     "namespace": "extra_key",
     "exact_sampling": True,  # our exact tree sampling verification for non-greedy batches
@@ -109,6 +110,10 @@ def _parse_extra(config_json: str | None) -> dict[str, Any]:
     if not isinstance(extra, dict):
         raise LookaheadConfigError(
             f"{CONFIG_ENV} must be a JSON object, got {type(extra).__name__}"
+        )
+    for old in sorted(set(extra) & set(RENAMED)):
+        raise LookaheadConfigError(
+            f"{CONFIG_ENV}: {old} is now {RENAMED[old]} (same meaning and default)"
         )
     unknown = sorted(set(extra) - set(EXTRA_KEYS))
     if unknown:
@@ -176,8 +181,8 @@ class ServingConfig:
     max_depth: int
     capacity_nodes: int
     multi_branch: bool
-    prompt_weight: float
-    output_weight: float
+    own_weight: float
+    history_weight: float
     keep_prompt_as_history: bool
     namespace: str
     exact_sampling: bool
@@ -248,16 +253,16 @@ class ServingConfig:
             raise LookaheadConfigError(
                 f"{CONFIG_ENV}: namespace must be one of {list(NAMESPACE_MODES)}, got {namespace!r}"
             )
-        prompt_weight = _number("prompt_weight", extra["prompt_weight"], 0.0, MAX_WEIGHT)
-        output_weight = _number("output_weight", extra["output_weight"], 0.0, MAX_WEIGHT)
-        if prompt_weight == output_weight == 0:
+        own_weight = _number("own_weight", extra["own_weight"], 0.0, MAX_WEIGHT)
+        history_weight = _number("history_weight", extra["history_weight"], 0.0, MAX_WEIGHT)
+        if own_weight == history_weight == 0:
             raise LookaheadConfigError(
-                f"{CONFIG_ENV}: prompt_weight and output_weight cannot both be 0"
+                f"{CONFIG_ENV}: own_weight and history_weight cannot both be 0"
             )
-        if namespace == "request" and prompt_weight == 0:
+        if namespace == "request" and own_weight == 0:
             raise LookaheadConfigError(
                 f"{CONFIG_ENV}: namespace 'request' drafts only from each request's own text, "
-                "which prompt_weight 0 leaves out"
+                "which own_weight 0 leaves out"
             )
         return cls(
             width=width,
@@ -265,8 +270,8 @@ class ServingConfig:
             max_depth=depth,
             capacity_nodes=capacity,
             multi_branch=breadth > 1,
-            prompt_weight=prompt_weight,
-            output_weight=output_weight,
+            own_weight=own_weight,
+            history_weight=history_weight,
             keep_prompt_as_history=_bool("keep_prompt_as_history", extra["keep_prompt_as_history"]),
             namespace=namespace,
             exact_sampling=_bool("exact_sampling", extra["exact_sampling"]),

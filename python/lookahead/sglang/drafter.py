@@ -64,11 +64,11 @@ class LookaheadDrafter:
         return LookaheadCache(
             max_depth=c.max_depth,
             capacity_nodes=c.capacity_nodes,
-            prompt_weight=c.prompt_weight,
+            own_weight=c.own_weight,
             # "request" shares nothing: each request's own trie (its prompt and outputs) is
             # all it drafts from, and no shared history is kept (one per request would only
             # repeat that text, and its namespace would outlive the request).
-            output_weight=0.0 if c.namespace == "request" else c.output_weight,
+            history_weight=0.0 if c.namespace == "request" else c.history_weight,
             keep_prompt_as_history=c.keep_prompt_as_history,
             background_indexing=c.background_indexing is not False,
             index_threads=c.index_threads,

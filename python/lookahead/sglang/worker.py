@@ -182,7 +182,7 @@ class LookaheadWorker(NGRAMWorker):
 
     def _end_departed(self, batch: Any) -> None:
         """Ends the requests that left the decode batch before this step indexes new prompts
-        (NGRAM erases them after the verify; until then their prompt tries would hold
+        (NGRAM erases them after the verify; until then their own tries would hold
         capacity that new prompts need). A retracted request (`is_retracted`, not finished)
         is held instead: SGLang re-admits it with its `output_ids`, and only what follows
         them streams in then (ending it would count its outputs into the shared history

@@ -29,11 +29,11 @@ pub struct Cache {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
     /// Nodes stored or reserved by operations in progress: always <= `capacity_nodes`, and
-    /// `history_nodes + prompt_nodes` when the cache is idle.
+    /// `history_nodes + own_nodes` when the cache is idle.
     pub nodes: u64,
     pub history_nodes: u64,
     /// Nodes of the live requests' own tries (their prompts, then their outputs).
-    pub prompt_nodes: u64,
+    pub own_nodes: u64,
     pub capacity_nodes: u64,
     pub bytes: u64,
     pub live_requests: u64,
@@ -337,7 +337,7 @@ impl Cache {
         }
         for chunk in tokens.chunks(CHUNK_TOKENS) {
             let sh = &self.shared;
-            if sh.cfg.output_weight > 0.0 {
+            if sh.cfg.history_weight > 0.0 {
                 // At weight 0 drafts never read the shared history: nothing to count there.
                 sh.count_into(&req.ns, &req.ns.history, &mut st.history, &st.tail, chunk);
             }
@@ -374,7 +374,7 @@ impl Cache {
         budget: usize,
         multi_branch: bool,
     ) -> Result<DraftTree> {
-        // Busy: a draft may hold the prompt trie of a request finished meanwhile.
+        // Busy: a draft may hold the own trie of a request finished meanwhile.
         let _busy = Busy::new(&self.shared);
         thread_local! {
             // The request's context tail and cursors, copied out so its lock is not held
@@ -394,10 +394,10 @@ impl Cache {
         // Off: not even the table's lock on this path.
         let recycled = cfg.recycles().then(|| read(&self.shared.recycled));
         let src = Sources {
-            prompt: Some(&p),
+            own: Some(&p),
             history: Some(&h),
-            prompt_weight: cfg.prompt_weight,
-            output_weight: cfg.output_weight,
+            own_weight: cfg.own_weight,
+            history_weight: cfg.history_weight,
             max_depth: cfg.max_depth,
             history_skip: cfg.history_skip,
             suffixes: [
@@ -477,7 +477,7 @@ impl Cache {
         Ok(out)
     }
 
-    /// Ends a request: drops its prompt trie, or merges the prompt into the namespace's
+    /// Ends a request: drops its own trie, or merges the prompt into the namespace's
     /// history first when `keep_prompt` (default: the configured `keep_prompt_as_history`).
     pub fn finish_request(&self, rid: &RequestId, keep_prompt: Option<bool>) -> Result<()> {
         let _busy = Busy::new(&self.shared);
@@ -487,7 +487,7 @@ impl Cache {
             ))
         })?;
         req.prompt.close();
-        let read = self.shared.cfg.output_weight > 0.0;
+        let read = self.shared.cfg.history_weight > 0.0;
         if read && keep_prompt.unwrap_or(self.shared.cfg.keep_prompt_as_history) {
             self.shared.add_history(&req.ns, &req.prompt_tokens);
         }

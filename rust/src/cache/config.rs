@@ -18,7 +18,7 @@ pub const MAX_BUDGET: usize = 1 << 16;
 /// Most background indexing threads: more only compete for the cores and the capacity.
 pub const MAX_INDEX_THREADS: usize = 256;
 
-/// Largest `prompt_weight` / `output_weight`: scores stay finite (`weight * count` and the
+/// Largest `own_weight` / `history_weight`: scores stay finite (`weight * count` and the
 /// two weights' sum) for any count.
 pub const MAX_WEIGHT: f64 = 1e6;
 
@@ -30,7 +30,7 @@ pub const MAX_NAMESPACE_BYTES: usize = 1 << 20;
 /// least half of the capacity.
 pub const NAMESPACE_SHARE: u64 = 2;
 
-/// One request's prompt trie takes at most `1 / PROMPT_SHARE` of the capacity (a longer
+/// One request's own trie takes at most `1 / PROMPT_SHARE` of the capacity (a longer
 /// prompt is indexed up to there): one huge prompt cannot evict every tenant's history.
 pub const PROMPT_SHARE: u64 = 4;
 
@@ -43,8 +43,8 @@ pub const DEFAULT_HISTORY_SKIP: Option<(usize, usize)> = Some((3, 6));
 pub struct Config {
     pub max_depth: usize,
     pub capacity_nodes: u64,
-    pub prompt_weight: f64,
-    pub output_weight: f64,
+    pub own_weight: f64,
+    pub history_weight: f64,
     pub keep_prompt_as_history: bool,
     pub background_indexing: bool,
     /// Background indexing threads (0: min(available cores, 4)).
@@ -73,8 +73,8 @@ impl Default for Config {
         Config {
             max_depth: 12,
             capacity_nodes: 4_000_000,
-            prompt_weight: 4.0,
-            output_weight: 1.0,
+            own_weight: 4.0,
+            history_weight: 1.0,
             keep_prompt_as_history: false,
             background_indexing: true,
             index_threads: 0,
@@ -113,15 +113,15 @@ impl Config {
             ));
         }
         for (name, w) in [
-            ("prompt_weight", self.prompt_weight),
-            ("output_weight", self.output_weight),
+            ("own_weight", self.own_weight),
+            ("history_weight", self.history_weight),
         ] {
             if !(0.0..=MAX_WEIGHT).contains(&w) {
                 return bad(format!("{name} must be in [0, {MAX_WEIGHT:e}], got {w}"));
             }
         }
-        if self.prompt_weight + self.output_weight <= 0.0 {
-            return bad("prompt_weight and output_weight cannot both be 0".into());
+        if self.own_weight + self.history_weight <= 0.0 {
+            return bad("own_weight and history_weight cannot both be 0".into());
         }
         if self.recycle_k > MAX_WIDTH {
             return bad(format!(

@@ -11,7 +11,7 @@ use crate::trie::{SortedWindows, Trie, ROOT};
 use super::config::{CHUNK_TOKENS, PROMPT_SHARE};
 use super::locks::{panic_message, write};
 use super::namespace::Namespace;
-use super::request::{Cursors, PromptSlot, PromptTrie, ReqState};
+use super::request::{Cursors, OwnTrie, PromptSlot, ReqState};
 use super::shared::{Held, Shared};
 
 /// Windows a prompt builder indexes between budget reservations.
@@ -53,12 +53,12 @@ impl Shared {
     pub(super) fn count_own(
         &self,
         ns: &Namespace,
-        own: &PromptTrie,
+        own: &OwnTrie,
         cur: &mut Cursors,
         before: &[u32],
         chunk: &[u32],
     ) {
-        if self.cfg.prompt_weight == 0.0 {
+        if self.cfg.own_weight == 0.0 {
             return; // drafts never read the request's own trie
         }
         if !self.budget.own_outputs_fit() {
@@ -71,7 +71,7 @@ impl Shared {
     }
 
     /// Counts the tokens that arrived while `own` was being built into it (if any).
-    pub(super) fn catch_up(&self, ns: &Namespace, own: &PromptTrie, st: &mut ReqState) {
+    pub(super) fn catch_up(&self, ns: &Namespace, own: &OwnTrie, st: &mut ReqState) {
         if st.unindexed.is_empty() {
             return;
         }
@@ -85,22 +85,17 @@ impl Shared {
         }
     }
 
-    /// Builds the prompt trie of `text`; stops early (truncated) when the budget is spent
+    /// Builds the own trie of `text`; stops early (truncated) when the budget is spent
     /// even after evicting shared history, or when the request was finished meanwhile.
-    pub(super) fn build_prompt(
-        &self,
-        ns: &Namespace,
-        text: &[u32],
-        slot: &PromptSlot,
-    ) -> PromptTrie {
+    pub(super) fn build_prompt(&self, ns: &Namespace, text: &[u32], slot: &PromptSlot) -> OwnTrie {
         let depth = self.cfg.max_depth;
-        let mut p = PromptTrie {
+        let mut p = OwnTrie {
             trie: RwLock::new(Trie::new()),
             budget: Arc::clone(&self.budget),
             truncated: false,
             outputs: AtomicU64::new(0),
         };
-        if self.cfg.prompt_weight == 0.0 {
+        if self.cfg.own_weight == 0.0 {
             // Drafts never read it: an empty trie, so no capacity goes to unread nodes.
             return p;
         }

@@ -11,7 +11,7 @@ use crate::trie::Trie;
 use super::api::{Cache, Stats};
 use super::locks::{lock, read, write};
 use super::namespace::Namespace;
-use super::request::{PromptTrie, ReqState, Request, RequestId};
+use super::request::{OwnTrie, ReqState, Request, RequestId};
 use super::shared::Busy;
 
 impl Cache {
@@ -34,7 +34,7 @@ impl Cache {
             s.live_requests += 1;
             if let Some(p) = req.prompt.peek() {
                 let t = read(&p.trie);
-                s.prompt_nodes += t.nodes();
+                s.own_nodes += t.nodes();
                 s.bytes += t.bytes() as u64;
             } else if req.prompt.is_pending() {
                 s.pending_prompts += 1;
@@ -118,7 +118,7 @@ impl Cache {
 
     /// Every n-gram of `rid`'s own trie (its prompt, then its outputs so far) with its
     /// count (waits for indexing).
-    pub fn prompt_ngrams(&self, rid: &RequestId) -> Result<Vec<(Vec<u32>, u32)>> {
+    pub fn own_ngrams(&self, rid: &RequestId) -> Result<Vec<(Vec<u32>, u32)>> {
         let _busy = Busy::new(&self.shared);
         let req = self.request(rid)?;
         let (own, st) = self.own_trie(&req)?;
@@ -132,7 +132,7 @@ impl Cache {
     pub(super) fn own_trie<'r>(
         &self,
         req: &'r Request,
-    ) -> Result<(Arc<PromptTrie>, MutexGuard<'r, ReqState>)> {
+    ) -> Result<(Arc<OwnTrie>, MutexGuard<'r, ReqState>)> {
         let own = req.prompt.wait()?;
         let mut st = lock(&req.state);
         self.shared.catch_up(&req.ns, &own, &mut st);

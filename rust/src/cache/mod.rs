@@ -31,4 +31,4 @@ pub use api::{Cache, Stats};
 pub use config::*;
 pub use locks::panic_message;
 pub use namespace::Namespace;
-pub use request::{PromptTrie, RequestId};
+pub use request::{OwnTrie, RequestId};

@@ -30,7 +30,7 @@ impl fmt::Display for RequestId {
 
 /// A request's own trie: every n-gram of its prompt, then those ending at each of its
 /// verified output tokens. Its nodes return to the budget when it is dropped.
-pub struct PromptTrie {
+pub struct OwnTrie {
     pub trie: RwLock<Trie>,
     pub(super) budget: Arc<Budget>,
     pub truncated: bool,
@@ -38,7 +38,7 @@ pub struct PromptTrie {
     pub(super) outputs: AtomicU64,
 }
 
-impl Drop for PromptTrie {
+impl Drop for OwnTrie {
     fn drop(&mut self) {
         let t = self.trie.get_mut().unwrap_or_else(|e| e.into_inner());
         self.budget.release(t.nodes() + t.allowance);
@@ -47,7 +47,7 @@ impl Drop for PromptTrie {
     }
 }
 
-/// Where a prompt trie appears once built; only its own request waits on it.
+/// Where an own trie appears once built; only its own request waits on it.
 pub(super) struct PromptSlot {
     pub(super) state: Mutex<SlotState>,
     pub(super) ready: Condvar,
@@ -56,7 +56,7 @@ pub(super) struct PromptSlot {
 
 pub(super) enum SlotState {
     Pending,
-    Ready(Arc<PromptTrie>),
+    Ready(Arc<OwnTrie>),
     Failed(String),
     /// The request finished: the trie was dropped (or never stored).
     Closed,
@@ -72,7 +72,7 @@ impl PromptSlot {
     }
 
     /// Stores the built trie, unless the request finished meanwhile (then it is dropped here).
-    pub(super) fn set(&self, v: std::result::Result<PromptTrie, String>) {
+    pub(super) fn set(&self, v: std::result::Result<OwnTrie, String>) {
         let mut st = lock(&self.state);
         if matches!(*st, SlotState::Pending) {
             *st = match v {
@@ -84,7 +84,7 @@ impl PromptSlot {
         self.ready.notify_all();
     }
 
-    pub(super) fn wait(&self) -> Result<Arc<PromptTrie>> {
+    pub(super) fn wait(&self) -> Result<Arc<OwnTrie>> {
         let mut st = lock(&self.state);
         while matches!(*st, SlotState::Pending) {
             st = self.ready.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -102,7 +102,7 @@ impl PromptSlot {
     }
 
     /// The trie if already built (never waits).
-    pub(super) fn peek(&self) -> Option<Arc<PromptTrie>> {
+    pub(super) fn peek(&self) -> Option<Arc<OwnTrie>> {
         match &*lock(&self.state) {
             SlotState::Ready(p) => Some(Arc::clone(p)),
             _ => None,
@@ -111,7 +111,7 @@ impl PromptSlot {
 
     /// `Ok(trie)` if built, `Err(true)` while still building, `Err(false)` if there will be
     /// none (failed or closed); one lock, so the answer cannot change between two looks.
-    pub(super) fn poll(&self) -> std::result::Result<Arc<PromptTrie>, bool> {
+    pub(super) fn poll(&self) -> std::result::Result<Arc<OwnTrie>, bool> {
         match &*lock(&self.state) {
             SlotState::Ready(p) => Ok(Arc::clone(p)),
             SlotState::Pending => Err(true),

@@ -62,7 +62,7 @@ fn outputs_before_the_prompt_is_indexed_are_counted_once_it_is() {
     c.draft(&rid, 4, true).unwrap();
     c.extend(&rid, &outs[4..]).unwrap();
     let got: Map<Vec<u32>, u32> = c
-        .prompt_ngrams(&rid)
+        .own_ngrams(&rid)
         .unwrap()
         .into_iter()
         .filter(|(_, n)| *n > 0)
@@ -80,7 +80,7 @@ fn own_output_nodes_stay_under_half_the_capacity() {
     let rid = RequestId::Int(1);
     c.start_request(rid.clone(), vec![1, 2, 3], "default")
         .unwrap();
-    let prompt_nodes = c.stats().prompt_nodes;
+    let own_nodes = c.stats().own_nodes;
     // Novel text: every token brings new n-grams to both tries.
     for i in 0..3_000u32 {
         c.extend(&rid, &[i.wrapping_mul(2_654_435_761) % 100_000])
@@ -90,7 +90,7 @@ fn own_output_nodes_stay_under_half_the_capacity() {
     let s = c.stats();
     // The check runs before each chunk, so one chunk (here 1 token: <= 4 + 16 nodes) may
     // pass the line.
-    assert!(s.prompt_nodes <= cap / 2 + prompt_nodes + 20, "{s:?}");
+    assert!(s.own_nodes <= cap / 2 + own_nodes + 20, "{s:?}");
     assert!(s.history_nodes > 0 && s.nodes <= cap, "{s:?}");
     assert!(c.budget().own_outputs() >= cap / 2);
     c.finish_request(&rid, None).unwrap();
@@ -242,7 +242,7 @@ fn capacity_holds_with_a_huge_prompt_and_history() {
     c.finish_request(&RequestId::Int(1), Some(true)).unwrap();
     c.check_invariants().unwrap();
     assert!(c.stats().nodes <= 500);
-    assert_eq!(c.stats().prompt_nodes, 0);
+    assert_eq!(c.stats().own_nodes, 0);
 }
 
 #[test]
@@ -252,7 +252,7 @@ fn finishing_releases_the_prompt() {
     c.start_request(r.clone(), (0..100).collect(), "default")
         .unwrap();
     c.draft(&r, 2, true).unwrap();
-    assert!(c.stats().prompt_nodes > 0);
+    assert!(c.stats().own_nodes > 0);
     c.finish_request(&r, None).unwrap();
     c.check_invariants().unwrap();
     assert_eq!(c.stats().nodes, 0);

@@ -29,8 +29,8 @@ pub(super) fn longest_some<T>(
 impl Sources<'_> {
     pub(super) fn tries(&self) -> [(Option<&Trie>, f64); 2] {
         [
-            (self.prompt, self.prompt_weight),
-            (self.history, self.output_weight),
+            (self.own, self.own_weight),
+            (self.history, self.history_weight),
         ]
     }
 
@@ -49,11 +49,11 @@ impl Sources<'_> {
     #[inline]
     pub(super) fn part(&self, st: &State, x: usize) -> Option<&Trie> {
         if x == 0 {
-            self.prompt
-                .filter(|_| self.prompt_weight > 0.0 && st.nodes[OWN] != NONE)
+            self.own
+                .filter(|_| self.own_weight > 0.0 && st.nodes[OWN] != NONE)
         } else {
             self.history.filter(|_| {
-                self.output_weight > 0.0
+                self.history_weight > 0.0
                     && st.nodes[HISTORY] != NONE
                     && self.history_answers(st.len as usize)
             })
@@ -192,7 +192,7 @@ impl Sources<'_> {
     /// suffix longer than `h`'s), if any.
     pub(super) fn history_above(&self, ctx: &[u32], h: State, longest: usize) -> Option<State> {
         let (_, hi) = self.history_skip?;
-        let history = self.history.filter(|_| self.output_weight > 0.0)?;
+        let history = self.history.filter(|_| self.history_weight > 0.0)?;
         let continues = |k: usize| {
             let n = history.walk(&ctx[ctx.len() - k..]);
             (n != NONE && history.has_continuation(n)).then_some(n)

@@ -6,14 +6,17 @@
 //!
 //! This file holds what they share: the state, the sources a draft reads, and the tree.
 //!
-//! A *state* is the pair (prompt-trie node, history-trie node) of one n-gram `p` (either may be
+//! A *state* is the pair (own-trie node, history-trie node) of one n-gram `p` (either may be
 //! `NONE`). The score of child token `t` of `p` is
 //!
 //! ```text
-//! score(t) = (w_p * c_P(p,t) / (S_P(p) + D_P(p)) + w_o * c_H(p,t) / (S_H(p) + D_H(p))) / (w_p + w_o)
+//! score(t) = (w_own * c_O(p,t) / (S_O(p) + D_O(p)) + w_hist * c_H(p,t) / (S_H(p) + D_H(p)))
+//!            / (w_own + w_hist)
 //! ```
 //!
-//! where `c_X(p,t)` is the count of n-gram `p+t` in trie X, `S_X(p)` the sum of the positive
+//! where O is the request's own trie (its prompt and outputs), H the namespace's shared
+//! history, `w_own` / `w_hist` the `own_weight` / `history_weight` knobs,
+//! `c_X(p,t)` is the count of n-gram `p+t` in trie X, `S_X(p)` the sum of the positive
 //! child counts of `p` in X, `D_X(p)` the number of those children, and a trie takes part
 //! (its term and its weight in the denominator) only where its weight is positive and
 //! `S_X(p) > 0`. `D` is Witten-Bell's escape mass: the chance that `p` continues with a token
@@ -103,12 +106,12 @@ pub struct RecycleView<'a> {
 
 /// The tries a draft reads and how to weigh them.
 pub struct Sources<'a> {
-    pub prompt: Option<&'a Trie>,
+    pub own: Option<&'a Trie>,
     pub history: Option<&'a Trie>,
-    pub prompt_weight: f64,
-    pub output_weight: f64,
+    pub own_weight: f64,
+    pub history_weight: f64,
     pub max_depth: usize,
-    /// Per trie (prompt, history), its nodes of the context's suffixes (`[k-1]`: the k-token
+    /// Per trie (own, history), its nodes of the context's suffixes (`[k-1]`: the k-token
     /// suffix), as `extend` keeps them; empty if unknown. Saves walking the tries from their
     /// roots for the first match.
     pub suffixes: [&'a [u32]; 2],

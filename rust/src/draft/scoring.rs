@@ -46,7 +46,7 @@ pub struct Row {
 }
 
 /// Merges `raw`'s entries of the same token (one per trie: the first `split` from the
-/// prompt trie, the rest from the history) into one holding both counts and children (a
+/// own trie, the rest from the history) into one holding both counts and children (a
 /// trie's missing side is 0 / `NONE` = u32::MAX, or both sides when looked up).
 pub(super) fn fold_by_token(raw: &mut Vec<Row>, split: usize) {
     let merge = |kept: &mut Row, r: Row| {
@@ -100,7 +100,7 @@ impl Sources<'_> {
         let answer = self.scored(st, room, false, scratch, out);
         // The tree expands some of these next: start loading their first children now, so
         // the loads overlap instead of waiting one after another.
-        let tries = [self.prompt, self.history];
+        let tries = [self.own, self.history];
         for c in out.iter_mut() {
             c.child.len = st.len + 1;
             for (x, t) in tries.iter().enumerate() {
@@ -192,9 +192,12 @@ impl Sources<'_> {
             }
         }
         fold_by_token(raw, split);
-        let (wp, wo, dens) = self.weights(sums, kids);
-        let wsum = wp + wo;
-        out.extend(raw.iter().map(|r| Self::score(r, dens, wp, wo, wsum)));
+        let (w_own, w_hist, dens) = self.weights(sums, kids);
+        let wsum = w_own + w_hist;
+        out.extend(
+            raw.iter()
+                .map(|r| Self::score(r, dens, w_own, w_hist, wsum)),
+        );
         let all = every_child && out.len() < room;
         keep_best(out, room);
         if let Some(h) = tries[1].0.filter(|_| {
@@ -208,18 +211,18 @@ impl Sources<'_> {
                 }
             }
         }
-        (Self::mass(sums, dens, wp, wo, wsum), all)
+        (Self::mass(sums, dens, w_own, w_hist, wsum), all)
     }
 
     /// Sum of the scores of all children of a state (`1 - mass` is its escape mass).
-    pub(super) fn mass(sums: [u64; 2], dens: [f64; 2], wp: f64, wo: f64, wsum: f64) -> f64 {
-        let a = if wp > 0.0 {
-            wp * sums[0] as f64 / dens[0]
+    pub(super) fn mass(sums: [u64; 2], dens: [f64; 2], w_own: f64, w_hist: f64, wsum: f64) -> f64 {
+        let a = if w_own > 0.0 {
+            w_own * sums[0] as f64 / dens[0]
         } else {
             0.0
         };
-        let b = if wo > 0.0 {
-            wo * sums[1] as f64 / dens[1]
+        let b = if w_hist > 0.0 {
+            w_hist * sums[1] as f64 / dens[1]
         } else {
             0.0
         };
@@ -228,21 +231,25 @@ impl Sources<'_> {
 
     /// Weights of the participating tries and their score denominators `S + D`.
     pub(super) fn weights(&self, sums: [u64; 2], kids: [u64; 2]) -> (f64, f64, [f64; 2]) {
-        let wp = if sums[0] > 0 { self.prompt_weight } else { 0.0 };
-        let wo = if sums[1] > 0 { self.output_weight } else { 0.0 };
-        let dens = [(sums[0] + kids[0]) as f64, (sums[1] + kids[1]) as f64];
-        (wp, wo, dens)
-    }
-
-    #[inline]
-    pub(super) fn score(r: &Row, dens: [f64; 2], wp: f64, wo: f64, wsum: f64) -> Cand {
-        let a = if wp > 0.0 {
-            wp * f64::from(r.counts[OWN]) / dens[0]
+        let w_own = if sums[0] > 0 { self.own_weight } else { 0.0 };
+        let w_hist = if sums[1] > 0 {
+            self.history_weight
         } else {
             0.0
         };
-        let b = if wo > 0.0 {
-            wo * f64::from(r.counts[HISTORY]) / dens[1]
+        let dens = [(sums[0] + kids[0]) as f64, (sums[1] + kids[1]) as f64];
+        (w_own, w_hist, dens)
+    }
+
+    #[inline]
+    pub(super) fn score(r: &Row, dens: [f64; 2], w_own: f64, w_hist: f64, wsum: f64) -> Cand {
+        let a = if w_own > 0.0 {
+            w_own * f64::from(r.counts[OWN]) / dens[0]
+        } else {
+            0.0
+        };
+        let b = if w_hist > 0.0 {
+            w_hist * f64::from(r.counts[HISTORY]) / dens[1]
         } else {
             0.0
         };

@@ -13,10 +13,10 @@ fn trie(texts: &[&[u32]], depth: usize) -> Trie {
 
 fn src<'a>(p: Option<&'a Trie>, h: Option<&'a Trie>, depth: usize) -> Sources<'a> {
     Sources {
-        prompt: p,
+        own: p,
         history: h,
-        prompt_weight: 1.0,
-        output_weight: 1.0,
+        own_weight: 1.0,
+        history_weight: 1.0,
         max_depth: depth,
         suffixes: [&[], &[]],
         history_skip: None,
@@ -85,12 +85,12 @@ fn candidates_score_each_tries_listed_children_exactly() {
     let ht = text(5000, &mut rnd);
     let p = trie(&[&pt], 4);
     let h = trie(&[&ht], 4);
-    for (wp, wo) in [(1.0, 1.0), (1.0, 0.0), (0.0, 2.0), (0.2, 3.0)] {
+    for (w_own, w_hist) in [(1.0, 1.0), (1.0, 0.0), (0.0, 2.0), (0.2, 3.0)] {
         let s = Sources {
-            prompt: Some(&p),
+            own: Some(&p),
             history: Some(&h),
-            prompt_weight: wp,
-            output_weight: wo,
+            own_weight: w_own,
+            history_weight: w_hist,
             max_depth: 4,
             suffixes: [&[], &[]],
             history_skip: None,
@@ -128,7 +128,7 @@ fn candidates_score_each_tries_listed_children_exactly() {
                     ranked.sort_unstable_by_key(|&(cnt, tok)| (std::cmp::Reverse(cnt), tok));
                     offered.extend(ranked.iter().take(TOP_K).map(|k| k.1));
                 }
-                let (wp, wo, dens) = s.weights(sums, kids);
+                let (w_own, w_hist, dens) = s.weights(sums, kids);
                 let mut every: Vec<Cand> = offered
                     .iter()
                     .map(|&tok| {
@@ -141,9 +141,9 @@ fn candidates_score_each_tries_listed_children_exactly() {
                                 nodes: [np, nh],
                             },
                             dens,
-                            wp,
-                            wo,
-                            wp + wo,
+                            w_own,
+                            w_hist,
+                            w_own + w_hist,
                         )
                     })
                     .collect();

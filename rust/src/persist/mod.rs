@@ -3,7 +3,7 @@
 //! Format, little-endian, version 3:
 //! ```text
 //! magic  b"LKAHSAV3"  | version u32 | max_depth u32 | capacity_nodes u64
-//! prompt_weight f64   | output_weight f64 | keep_prompt_as_history u8 | background_indexing u8
+//! own_weight f64   | history_weight f64 | keep_prompt_as_history u8 | background_indexing u8
 //! history_skip lo u32 | hi u32 (0, 0: none)
 //! namespaces u32, then per namespace:
 //!   name_len u32 | name (UTF-8) | nodes u64 | nodes x (parent u32, token u32, count u32)
@@ -211,8 +211,8 @@ fn write_body(cache: &Cache, w: &mut impl Write) -> std::io::Result<()> {
     w.write_all(&VERSION.to_le_bytes())?;
     w.write_all(&(c.max_depth as u32).to_le_bytes())?;
     w.write_all(&c.capacity_nodes.to_le_bytes())?;
-    w.write_all(&c.prompt_weight.to_le_bytes())?;
-    w.write_all(&c.output_weight.to_le_bytes())?;
+    w.write_all(&c.own_weight.to_le_bytes())?;
+    w.write_all(&c.history_weight.to_le_bytes())?;
     w.write_all(&[
         u8::from(c.keep_prompt_as_history),
         u8::from(c.background_indexing),
@@ -364,8 +364,8 @@ fn read_body<R: Read>(
     }
     let max_depth = r.u32()? as usize;
     let capacity_nodes = r.u64()?;
-    let prompt_weight = r.f64()?;
-    let output_weight = r.f64()?;
+    let own_weight = r.f64()?;
+    let history_weight = r.f64()?;
     let [keep, bg] = r.bytes::<2>()?;
     if keep > 1 || bg > 1 {
         return Err(r.damaged("a flag byte is neither 0 nor 1"));
@@ -381,8 +381,8 @@ fn read_body<R: Read>(
     let cfg = Config {
         max_depth,
         capacity_nodes,
-        prompt_weight,
-        output_weight,
+        own_weight,
+        history_weight,
         keep_prompt_as_history: keep != 0,
         background_indexing: background_indexing.unwrap_or(bg != 0),
         index_threads: index_threads.unwrap_or(0),

@@ -49,13 +49,13 @@ pub struct PyCache {
 impl PyCache {
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (max_depth, capacity_nodes, prompt_weight, output_weight, keep_prompt_as_history, background_indexing, index_threads=0, history_skip=DEFAULT_HISTORY_SKIP, recycle_k=0, recycle_slots=DEFAULT_RECYCLE_SLOTS, recycle_weight=0.5))]
+    #[pyo3(signature = (max_depth, capacity_nodes, own_weight, history_weight, keep_prompt_as_history, background_indexing, index_threads=0, history_skip=DEFAULT_HISTORY_SKIP, recycle_k=0, recycle_slots=DEFAULT_RECYCLE_SLOTS, recycle_weight=0.5))]
     fn new(
         py: Python<'_>,
         max_depth: usize,
         capacity_nodes: u64,
-        prompt_weight: f64,
-        output_weight: f64,
+        own_weight: f64,
+        history_weight: f64,
         keep_prompt_as_history: bool,
         background_indexing: bool,
         index_threads: usize,
@@ -70,8 +70,8 @@ impl PyCache {
             recycle_weight,
             max_depth,
             capacity_nodes,
-            prompt_weight,
-            output_weight,
+            own_weight,
+            history_weight,
             keep_prompt_as_history,
             background_indexing,
             index_threads,
@@ -88,8 +88,8 @@ impl PyCache {
         let d = PyDict::new(py);
         d.set_item("max_depth", c.max_depth)?;
         d.set_item("capacity_nodes", c.capacity_nodes)?;
-        d.set_item("prompt_weight", c.prompt_weight)?;
-        d.set_item("output_weight", c.output_weight)?;
+        d.set_item("own_weight", c.own_weight)?;
+        d.set_item("history_weight", c.history_weight)?;
         d.set_item("keep_prompt_as_history", c.keep_prompt_as_history)?;
         d.set_item("background_indexing", c.background_indexing)?;
         d.set_item("index_threads", c.index_threads)?;
@@ -343,7 +343,7 @@ impl PyCache {
         let d = PyDict::new(py);
         d.set_item("nodes", s.nodes)?;
         d.set_item("history_nodes", s.history_nodes)?;
-        d.set_item("prompt_nodes", s.prompt_nodes)?;
+        d.set_item("own_nodes", s.own_nodes)?;
         d.set_item("capacity_nodes", s.capacity_nodes)?;
         d.set_item("bytes", s.bytes)?;
         d.set_item("live_requests", s.live_requests)?;
@@ -438,7 +438,7 @@ fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Benchmark helper: builds a standalone prompt trie of `tokens` at `max_depth` and returns
+/// Benchmark helper: builds a standalone own trie of `tokens` at `max_depth` and returns
 /// (nanoseconds, nodes, bytes).
 #[pyfunction]
 pub fn _time_index(

@@ -159,7 +159,7 @@ impl Trie {
             // Window p is full, so text[p + 1..p + depth] exists and window p + 1 reaches it.
             t.arena.get_mut(leaf).link = below[p as usize + 1];
         }
-        // A prompt trie is never evicted, so its link targets need no reference counts.
+        // An own trie is never evicted, so its link targets need no reference counts.
         t.count_link_refs = false;
         debug_assert_eq!(t.allowance, 0);
         t

@@ -37,7 +37,7 @@ pub struct Trie {
     pub(crate) hand: u32,
     /// True once eviction decayed or freed anything: side-table rankings may be approximate.
     pub(crate) evicted: bool,
-    /// Whether `linked_by` is maintained (history tries, which evict); prompt tries skip it.
+    /// Whether `linked_by` is maintained (history tries, which evict); own tries skip it.
     pub(crate) count_link_refs: bool,
 }
 
