@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -694,6 +695,48 @@ def test_renamed_knobs_are_refused_with_their_new_names():
         LookaheadCache(output_weight=2.0)
     with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
         LookaheadCache(nope=1)
+
+
+def test_defaults_have_one_source():
+    # The core's Config::default() is what the wrapper, the CLI, the SGLang plugin and the
+    # README's knob table say.
+    from lookahead import cli
+    from lookahead.hf import DEFAULT_DEPTH
+    from lookahead.sglang.config import EXTRA_KEYS
+
+    defaults = lookahead._core.DEFAULTS
+    params = inspect.signature(LookaheadCache.__init__).parameters
+    assert {k: params[k].default for k in defaults} == defaults
+    assert LookaheadCache(background_indexing=False).config == defaults | {
+        "background_indexing": False
+    }
+    assert DEFAULT_DEPTH == defaults["max_depth"]
+    assert cli.build_parser().parse_args(["demo"]).depth == defaults["max_depth"]
+    for key in ("own_weight", "history_weight", "keep_prompt_as_history"):
+        assert EXTRA_KEYS[key] == defaults[key]
+    assert tuple(EXTRA_KEYS["history_skip"]) == defaults["history_skip"]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 4 and cells[1] == "`LookaheadCache`":
+            for knob, value in zip(cells[0].split(" / "), cells[2].split(" / ")):
+                rows[knob.strip("`")] = value
+    shown = {
+        "own_weight": "4.0",
+        "history_weight": "1.0",
+        "history_skip": "(3, 6)",
+        "recycle_k": "0",
+        "recycle_slots": "2**18",
+        "recycle_weight": "0.5",
+        "capacity_nodes": "4,000,000",
+        "keep_prompt_as_history": "False",
+        "background_indexing": "True",
+    }
+    for knob, text in shown.items():
+        assert rows[knob] == text, knob
+        written = eval(text.replace(",", "") if knob == "capacity_nodes" else text)
+        assert written == defaults[knob], knob
 
 
 def test_every_exception_is_a_lookahead_error():

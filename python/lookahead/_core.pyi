@@ -14,14 +14,28 @@ __all__ = [
     "_panic_for_test",
     "_time_index",
     "_time_compaction",
+    "DEFAULTS",
     "MAX_BUDGET",
+    "MAX_CAPACITY_NODES",
     "MAX_DEPTH",
     "MAX_IDS_PER_CALL",
+    "MAX_INDEX_THREADS",
+    "MAX_RECYCLE_K",
+    "MAX_RECYCLE_SLOTS",
+    "MAX_WEIGHT",
 ]
 
+# The cache's knobs and their defaults (`Config::default()` in the core): the one source the
+# wrapper, the CLI and the SGLang config read.
+DEFAULTS: dict[str, Any]
 MAX_BUDGET: int
+MAX_CAPACITY_NODES: int
 MAX_DEPTH: int
 MAX_IDS_PER_CALL: int  # token ids one call takes at most (longer inputs: InvalidInput)
+MAX_INDEX_THREADS: int
+MAX_RECYCLE_K: int
+MAX_RECYCLE_SLOTS: int
+MAX_WEIGHT: float
 
 _Rid = int | str | np.integer[Any]
 _U32 = npt.NDArray[np.uint32]

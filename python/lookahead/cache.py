@@ -50,6 +50,8 @@ class BatchDraft(NamedTuple):
         return Draft(self.tokens[b, :n], self.parents[b, :n], self.scores[b, :n], n)
 
 
+# The knobs' defaults, from the core (one source for the wrapper, CLI, SGLang config, docs).
+_DEFAULTS = _core.DEFAULTS
 # Knobs renamed because the old name was untrue: refused, naming the new one, for a release.
 RENAMED = {
     "prompt_weight": "own_weight",  # it weighs the request's own outputs too, not only the prompt
@@ -116,17 +118,17 @@ class LookaheadCache:
 
     def __init__(
         self,
-        max_depth: int = 12,
-        capacity_nodes: int = 4_000_000,
-        own_weight: float = 4.0,
-        history_weight: float = 1.0,
-        keep_prompt_as_history: bool = False,
-        background_indexing: bool = True,
-        index_threads: int = 0,
-        history_skip: tuple[int, int] | None = (3, 6),
-        recycle_k: int = 0,
-        recycle_slots: int = 1 << 18,
-        recycle_weight: float = 0.5,
+        max_depth: int = _DEFAULTS["max_depth"],
+        capacity_nodes: int = _DEFAULTS["capacity_nodes"],
+        own_weight: float = _DEFAULTS["own_weight"],
+        history_weight: float = _DEFAULTS["history_weight"],
+        keep_prompt_as_history: bool = _DEFAULTS["keep_prompt_as_history"],
+        background_indexing: bool = _DEFAULTS["background_indexing"],
+        index_threads: int = _DEFAULTS["index_threads"],
+        history_skip: tuple[int, int] | None = _DEFAULTS["history_skip"],
+        recycle_k: int = _DEFAULTS["recycle_k"],
+        recycle_slots: int = _DEFAULTS["recycle_slots"],
+        recycle_weight: float = _DEFAULTS["recycle_weight"],
         *,
         _core_cache: _core.Cache | None = None,
         **renamed: Any,

@@ -8,6 +8,7 @@ import os
 import sys
 import warnings
 
+from lookahead import _core
 from lookahead.hf.recycling import RECYCLE_MODES
 from lookahead.models import DTYPES
 
@@ -61,7 +62,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "any of --budget, --max-budget, --min-draft-score selects (default --budget, itself 8)",
     )
     p.add_argument(
-        "--depth", type=int, default=12, help="longest n-gram stored in the trie, 2-64 (default 12)"
+        "--depth",
+        type=int,
+        default=_core.DEFAULTS["max_depth"],
+        help=f"longest n-gram stored in the trie, 2-64 (default {_core.DEFAULTS['max_depth']})",
     )
     p.add_argument("--single-branch", action="store_true", help="draft one chain instead of a tree")
     p.add_argument(

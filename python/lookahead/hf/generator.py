@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from lookahead import _core
 from lookahead.calibration import AcceptanceCalibration
 from lookahead.costs import (
     CostModel,
@@ -60,7 +61,8 @@ FIXED_BUDGET = 8
 # may use up to `max_budget` nodes (a request that is copying gets the wider tree while it
 # lasts). The cost-aware choice needs no such rule: a copying request's drafts score high.
 DEEP_ACCEPT = 4
-DEFAULT_DEPTH = 12
+# The cache a generator builds stores n-grams up to the core's default depth.
+DEFAULT_DEPTH = _core.DEFAULTS["max_depth"]
 # The host's time per step (draft, tree inputs, verify, KV fix-up) is followed as a moving
 # average with this weight on the newest step: it adds to every choice's forward time.
 HOST_EMA = 0.1

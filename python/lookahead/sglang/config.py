@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lookahead import _core
 from lookahead.cache import RENAMED
 from lookahead.errors import LookaheadConfigError
 
@@ -46,24 +47,24 @@ SKIP_VERSION_CHECK_ENV = "LOOKAHEAD_SGLANG_SKIP_VERSION_CHECK"
 # "extra_key" uses SGLang's per-request `extra_key` (which SGLang suffixes with the LoRA id),
 # so tenants and adapters never draft from each other's outputs; "request" shares nothing.
 NAMESPACE_MODES = ("shared", "extra_key", "request")
-# The core's bounds (`Config::validate` in rust/src/cache.rs), checked here so the launcher
-# refuses a bad config before any scheduler process starts.
-MAX_WEIGHT = 1e6
-MAX_CAPACITY_NODES = 2**32 - 3
+# The core's bounds (`Config::validate`), checked here so the launcher refuses a bad config
+# before any scheduler process starts.
+MAX_WEIGHT = _core.MAX_WEIGHT
+MAX_CAPACITY_NODES = _core.MAX_CAPACITY_NODES
 
 # LOOKAHEAD_CONFIG keys and their defaults.
 EXTRA_KEYS: dict[str, Any] = {
     "budget": None,  # drafted nodes per request; None -> N - 1 (the whole verify width)
-    "own_weight": 4.0,
-    "history_weight": 1.0,
-    "keep_prompt_as_history": False,
+    "own_weight": _core.DEFAULTS["own_weight"],
+    "history_weight": _core.DEFAULTS["history_weight"],
+    "keep_prompt_as_history": _core.DEFAULTS["keep_prompt_as_history"],
     "namespace": "extra_key",
     "exact_sampling": True,  # our exact tree sampling verification for non-greedy batches
     "index_threads": 0,  # background prompt-indexing threads (0: min(cores, 4); at most 256)
     "draft_threads": 0,  # draft_batch threads (0: half the cores, at most 8)
     # Context lengths [lo, hi] at which drafts leave the shared history out (null: never);
     # see LookaheadCache's history_skip.
-    "history_skip": [3, 6],
+    "history_skip": list(_core.DEFAULTS["history_skip"]),
     # Index prompts on background threads. None: yes with one model rank, no with tensor or
     # pipeline parallelism, where every rank drafts for itself and must draft the same tree:
     # background indexing can reach the node budget, and so evict, at timing-dependent moments.
@@ -204,8 +205,6 @@ class ServingConfig:
     def from_args(cls, args: Any, config_json: str | None) -> ServingConfig:
         """Builds and checks the config from resolved server args (or any object with the
         `speculative_*` attributes) and the `LOOKAHEAD_CONFIG` JSON text."""
-        from lookahead import _core
-
         extra = {**EXTRA_KEYS, **_parse_extra(config_json)}
         width = args.speculative_num_draft_tokens
         if isinstance(width, bool) or not isinstance(width, int) or width < 2:

@@ -12,6 +12,8 @@ pub const SWEEP_VISITS: u32 = 4096;
 /// Largest `max_depth` accepted.
 pub const MAX_DEPTH: usize = 64;
 
+/// Largest `capacity_nodes` accepted (node indices are u32, two of them reserved).
+pub const MAX_CAPACITY_NODES: u64 = u32::MAX as u64 - 2;
 /// Largest draft budget accepted.
 pub const MAX_BUDGET: usize = 1 << 16;
 
@@ -100,7 +102,7 @@ impl Config {
                 self.max_depth
             ));
         }
-        if self.capacity_nodes < 1 || self.capacity_nodes > u64::from(u32::MAX - 2) {
+        if !(1..=MAX_CAPACITY_NODES).contains(&self.capacity_nodes) {
             return bad(format!(
                 "capacity_nodes must be in 1..2**32-2, got {}",
                 self.capacity_nodes

@@ -40,6 +40,23 @@ fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T> + Send) -> PyResul
     .map_err(|e| to_pyerr(py, e))
 }
 
+/// `cfg` as the dict `LookaheadCache.config` returns (and `DEFAULTS` is, for the default).
+pub(super) fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("max_depth", c.max_depth)?;
+    d.set_item("capacity_nodes", c.capacity_nodes)?;
+    d.set_item("own_weight", c.own_weight)?;
+    d.set_item("history_weight", c.history_weight)?;
+    d.set_item("keep_prompt_as_history", c.keep_prompt_as_history)?;
+    d.set_item("background_indexing", c.background_indexing)?;
+    d.set_item("index_threads", c.index_threads)?;
+    d.set_item("history_skip", c.history_skip)?;
+    d.set_item("recycle_k", c.recycle_k)?;
+    d.set_item("recycle_slots", c.recycle_slots)?;
+    d.set_item("recycle_weight", c.recycle_weight)?;
+    Ok(d)
+}
+
 #[pyclass(name = "Cache", module = "lookahead._core", frozen)]
 pub struct PyCache {
     inner: Cache,
@@ -84,20 +101,7 @@ impl PyCache {
 
     /// The configuration as a dict.
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let c = self.inner.config();
-        let d = PyDict::new(py);
-        d.set_item("max_depth", c.max_depth)?;
-        d.set_item("capacity_nodes", c.capacity_nodes)?;
-        d.set_item("own_weight", c.own_weight)?;
-        d.set_item("history_weight", c.history_weight)?;
-        d.set_item("keep_prompt_as_history", c.keep_prompt_as_history)?;
-        d.set_item("background_indexing", c.background_indexing)?;
-        d.set_item("index_threads", c.index_threads)?;
-        d.set_item("history_skip", c.history_skip)?;
-        d.set_item("recycle_k", c.recycle_k)?;
-        d.set_item("recycle_slots", c.recycle_slots)?;
-        d.set_item("recycle_weight", c.recycle_weight)?;
-        Ok(d)
+        config_dict(py, self.inner.config())
     }
 
     fn start_request(

@@ -17,8 +17,19 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::_panic_for_test, m)?)?;
     m.add_function(wrap_pyfunction!(cache::_time_index, m)?)?;
     m.add_function(wrap_pyfunction!(cache::_time_compaction, m)?)?;
+    // The one source of the knobs' defaults and bounds: the wrapper, the CLI, the SGLang
+    // config and the docs' test read these.
+    m.add(
+        "DEFAULTS",
+        cache::config_dict(m.py(), &crate::cache::Config::default())?,
+    )?;
     m.add("MAX_BUDGET", crate::cache::MAX_BUDGET)?;
     m.add("MAX_DEPTH", crate::cache::MAX_DEPTH)?;
+    m.add("MAX_WEIGHT", crate::cache::MAX_WEIGHT)?;
+    m.add("MAX_CAPACITY_NODES", crate::cache::MAX_CAPACITY_NODES)?;
+    m.add("MAX_INDEX_THREADS", crate::cache::MAX_INDEX_THREADS)?;
+    m.add("MAX_RECYCLE_K", crate::recycle::MAX_WIDTH)?;
+    m.add("MAX_RECYCLE_SLOTS", crate::cache::MAX_RECYCLE_SLOTS)?;
     m.add("MAX_IDS_PER_CALL", args::MAX_IDS_PER_CALL)?;
     Ok(())
 }
