@@ -35,11 +35,11 @@ from collections import defaultdict
 
 Counts = dict[tuple, dict[int, int]]
 
-BACKOFF_MIN_MASS = 0.2  # rust/src/draft.rs
+BACKOFF_MIN_MASS = 0.2  # rust/src/draft/mod.rs
 BACKOFF_PER_LEVEL = 4
-SIDE_AT = 8  # rust/src/trie.rs: nodes with more children rank them (a side table)
+SIDE_AT = 8  # rust/src/trie/side.rs: nodes with more children rank them (a side table)
 BACKOFF_TOP = SIDE_AT
-TOP_K = 16  # rust/src/trie.rs: children a side table ranks, all a trie offers of one n-gram
+TOP_K = 16  # rust/src/trie/side.rs: children a side table ranks, all a trie offers of one n-gram
 
 
 def _windows_into(children: Counts, text: list[int], depth: int, ends: range) -> None:

@@ -5,7 +5,7 @@
 //! by the token they followed and by that token with the one before it (after Token
 //! Recycling, Luo et al. 2024, which keeps each token's top-k successors in an adjacency
 //! table). A draft looks up the pair first, then the token alone, and offers the entries as
-//! children of the tree node they follow, beside the tries' continuations (`draft.rs`).
+//! children of the tree node they follow, beside the tries' continuations (`draft/grow.rs`).
 //!
 //! Memory is bounded by a fixed number of slots (rows of `width` entries) shared by every
 //! namespace; a write always takes the slot after the last written one, dropping the entry
