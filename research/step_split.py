@@ -1,4 +1,4 @@
-"""Where a simulator step's host time goes: our draft and extend timed apart (BENCHMARKS §2.1).
+"""Where a simulator step's host time goes: our draft and extend timed apart (research/README.md).
 
     python -m research.step_split [TRACES]
 

@@ -37,8 +37,8 @@ impl Sources<'_> {
     /// Whether the history takes part in a state of a `k`-token context: not for `k` in
     /// `history_skip`. A match of a few tokens in other requests' text is mostly a
     /// coincidence whose continuation would outrank the request's own shorter matches; one or
-    /// two tokens give common continuations, and long matches are real repeats (BENCHMARKS.md
-    /// §2.1).
+    /// two tokens give common continuations, and long matches are real repeats
+    /// (research/README.md).
     #[inline]
     pub(super) fn history_answers(&self, k: usize) -> bool {
         self.history_skip.is_none_or(|(lo, hi)| k < lo || k > hi)
