@@ -55,6 +55,9 @@ def main() -> int:
         check((data / name).is_file(), f"package data {name}")
     for name in ("py.typed", "_core.pyi"):
         check((installed.parent / name).is_file(), f"package file {name}")
+    # The product only: the benchmarks and their peer adapters stay in the repository.
+    shipped = {p.relative_to(installed.parent).parts[0] for p in installed.parent.rglob("*.py")}
+    check("bench" not in shipped and "peers" not in shipped, "no benchmark code in the wheel")
 
     c = LookaheadCache(max_depth=4, capacity_nodes=10_000, background_indexing=False)
     c.start_request(1, [5, 6, 7, 5, 6])
