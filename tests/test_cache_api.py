@@ -521,6 +521,10 @@ def test_package_exports():
         lookahead.nope  # noqa: B018
     with pytest.raises(ImportError, match="lookahead.engine is now lookahead.hf"):
         importlib.import_module("lookahead.engine")
+    with pytest.raises(
+        AttributeError, match="lookahead.sampling moved: it is now lookahead.hf.sampling"
+    ):
+        lookahead.sampling  # noqa: B018
 
 
 def test_draft_batch_pads_to_a_fixed_width():

@@ -52,6 +52,14 @@ __all__ = [
 
 # Submodules reachable as attributes after a bare `import lookahead` (imported on first use).
 _SUBMODULES = ("hf", "models", "kernels")
+# Modules that moved, refused with their new place for one release.
+_MOVED = {
+    "engine": "lookahead.hf",
+    "sampling": "lookahead.hf.sampling",
+    "kv": "lookahead.hf.kv",
+    "recycling": "lookahead.hf.recycling",
+    "bench": "the repository's benchmarks/ (python -m benchmarks NAME)",
+}
 
 
 def __getattr__(name: str):
@@ -63,4 +71,6 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(f"lookahead.{name}")
+    if name in _MOVED:
+        raise AttributeError(f"lookahead.{name} moved: it is now {_MOVED[name]}")
     raise AttributeError(f"module 'lookahead' has no attribute {name!r}")

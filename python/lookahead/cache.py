@@ -64,7 +64,7 @@ def refuse_renamed(given: dict, where: str) -> None:
     for name in given:
         if name in RENAMED:
             raise InvalidInput(f"{where}: {name} is now {RENAMED[name]} (same meaning and default)")
-        raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
+        raise TypeError(f"{where}.__init__() got an unexpected keyword argument {name!r}")
 
 
 # Half the cores, at most 8: a serving process has other work for the rest (prompt indexing,
