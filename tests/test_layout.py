@@ -58,7 +58,7 @@ def test_no_import_circle():
         state[name] = 1
         for dep in sorted(graph.get(name, ())):
             if state.get(dep) == 1:
-                circles.append(path[path.index(dep) :] + [dep] if dep in path else [name, dep])
+                circles.append(path[path.index(dep) :] + [dep])  # on the path: a circle
             elif dep not in state:
                 visit(dep, [*path, dep])
         state[name] = 2

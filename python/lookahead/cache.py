@@ -59,11 +59,16 @@ RENAMED = {
 }
 
 
+def renamed_note(name: str) -> str:
+    """What to say of a knob given under its old name (`RENAMED`)."""
+    return f"{name} is now {RENAMED[name]} (same meaning and default)"
+
+
 def refuse_renamed(given: dict, where: str) -> None:
     """Refuse knobs given under an old name (`RENAMED`), or unknown ones, naming the fix."""
     for name in given:
         if name in RENAMED:
-            raise InvalidInput(f"{where}: {name} is now {RENAMED[name]} (same meaning and default)")
+            raise InvalidInput(f"{where}: {renamed_note(name)}")
         raise TypeError(f"{where}.__init__() got an unexpected keyword argument {name!r}")
 
 

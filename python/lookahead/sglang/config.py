@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lookahead import _core
-from lookahead.cache import RENAMED
+from lookahead.cache import RENAMED, renamed_note
 from lookahead.errors import LookaheadConfigError
 
 # The `--speculative-algorithm` value the plugin registers.
@@ -112,10 +112,9 @@ def _parse_extra(config_json: str | None) -> dict[str, Any]:
         raise LookaheadConfigError(
             f"{CONFIG_ENV} must be a JSON object, got {type(extra).__name__}"
         )
-    for old in sorted(set(extra) & set(RENAMED)):
-        raise LookaheadConfigError(
-            f"{CONFIG_ENV}: {old} is now {RENAMED[old]} (same meaning and default)"
-        )
+    old = sorted(set(extra) & set(RENAMED))
+    if old:
+        raise LookaheadConfigError(f"{CONFIG_ENV}: {renamed_note(old[0])}")
     unknown = sorted(set(extra) - set(EXTRA_KEYS))
     if unknown:
         raise LookaheadConfigError(
