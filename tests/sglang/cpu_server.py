@@ -93,6 +93,9 @@ class CpuServer:
             "20000",
             "--random-seed",
             "0",
+            # An idle CPU scheduler otherwise polls its sockets flat out, a core per server:
+            # with a module's servers all up on 2 cores, the next one took minutes to start.
+            "--sleep-on-idle",
             *args,
         ]
         self.env = server_env(env)
@@ -185,6 +188,17 @@ class CpuServer:
             except OSError:
                 pass
         return total / 1024
+
+    def cpu_s(self) -> float:
+        """CPU time (user + system) all the server's processes have used, in seconds."""
+        ticks = 0
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            except (OSError, IndexError, ValueError):
+                pass
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     # -- HTTP ------------------------------------------------------------------------------
 

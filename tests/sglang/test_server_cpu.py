@@ -118,6 +118,17 @@ def test_lookahead_worker_and_backend_are_the_ones_serving(lookahead):
     assert stats, "the worker logged no cache stats while decoding"
 
 
+def test_an_idle_server_leaves_the_cores_free(lookahead):
+    """Once its requests are done, a LOOKAHEAD server (worker, trie, stats timer) sleeps:
+    the suite keeps several servers up at once on 2 cores."""
+    lookahead.generate(PROMPTS[1], max_new_tokens=8)
+    time.sleep(1.0)  # let the step loop go idle
+    before, t0 = lookahead.cpu_s(), time.monotonic()
+    time.sleep(4.0)
+    used = (lookahead.cpu_s() - before) / (time.monotonic() - t0)
+    assert used < 0.3, f"an idle server used {used:.2f} of a core"
+
+
 @pytest.mark.parametrize("concurrency", [1, 4, 16])
 def test_concurrent_requests_equal_no_speculation(lookahead, reference, concurrency):
     prompts = [f"{i} {PROMPTS[i % len(PROMPTS)]} {i}" for i in range(concurrency)]
