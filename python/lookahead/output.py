@@ -60,21 +60,28 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def git_commit() -> str:
-    """`git describe --always --dirty` of the working tree, or "unknown"."""
+def git_commit(where: Path | None = None) -> str:
+    """`git describe --always --dirty` of the lookahead checkout holding `where`, or
+    "unknown". By default `where` is this package's folder, then the current directory:
+    an installed wheel has no checkout, but a benchmark run from a clone does."""
+    places = [where] if where is not None else [Path(__file__).resolve().parent, Path.cwd()]
+    for place in places:
+        top = _git(["rev-parse", "--show-toplevel"], place)
+        # Only our own checkout: a package installed inside some other repository must not
+        # record that repository's commit as ours.
+        if top and (Path(top) / "python" / "lookahead" / "output.py").is_file():
+            return _git(["describe", "--always", "--dirty"], Path(top)) or "unknown"
+    return "unknown"
+
+
+def _git(args: list[str], cwd: Path) -> str:
     import subprocess
 
     try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-        )
-        return out.stdout.strip() or "unknown"
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=cwd)
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
 
 
 def header(command: str) -> dict:

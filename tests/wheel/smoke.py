@@ -1,9 +1,9 @@
 """Smoke test of an installed wheel, run from outside the checkout (tests/wheel/run.sh).
 
 Checks what a user's first minutes touch: the package imports from site-packages (not the
-source tree), its data files are there, a cache round trip (start, extend, draft, save,
-load), the kernels' CPU path, `lookahead --help`, and `lookahead generate` on a tiny model
-built here (no download).
+source tree), its data files are there, the commit a result header records, a cache round
+trip (start, extend, draft, save, load), the kernels' CPU path, `lookahead --help`, and
+`lookahead generate` on a tiny model built here (no download).
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ def main() -> int:
     # The product only: the benchmarks and their peer adapters stay in the repository.
     shipped = {p.relative_to(installed.parent).parts[0] for p in installed.parent.rglob("*.py")}
     check("bench" not in shipped and "peers" not in shipped, "no benchmark code in the wheel")
+    # Result headers: an installed package names no commit; a run from the clone names it.
+    from lookahead.output import git_commit
+
+    check(git_commit() == "unknown", "an installed package records no commit")
+    check(git_commit(here / "benchmarks") != "unknown", "a run from the clone records its commit")
 
     c = LookaheadCache(max_depth=4, capacity_nodes=10_000, background_indexing=False)
     c.start_request(1, [5, 6, 7, 5, 6])
