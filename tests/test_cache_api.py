@@ -668,6 +668,9 @@ def test_ctrl_c_stops_a_long_add_history_within_a_second():
         import os, signal, threading, time
         import numpy as np
         from lookahead import LookaheadCache
+        # Python's own Ctrl-C handler, even where this process was started with SIGINT
+        # ignored (a background job of a shell without job control inherits that)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         c = LookaheadCache(capacity_nodes=50_000_000, background_indexing=False)
         text = np.random.default_rng(0).integers(0, 32000, size=20_000_000)
         sent = []
