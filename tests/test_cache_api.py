@@ -454,6 +454,9 @@ def test_save_load_round_trip(tmp_path):
         own_weight=0.5,
         background_indexing=False,
         history_skip=(2, 3),
+        recycle_k=3,
+        recycle_slots=500,
+        recycle_weight=0.25,
     )
     rng = np.random.default_rng(2)
     c.add_history([rng.integers(0, 30, size=500) for _ in range(3)])
@@ -464,7 +467,7 @@ def test_save_load_round_trip(tmp_path):
     c.save(path)
     d = LookaheadCache.load(path)
     d.check_invariants()
-    assert d.config == c.config
+    assert d.config == c.config  # the recycle settings too
     s, t = c.stats(), d.stats()
     assert t["history_nodes"] == s["history_nodes"] and t["live_requests"] == 0
     for ctx in ([1, 2], [7, 1], list(rng.integers(0, 30, size=4))):

@@ -352,8 +352,8 @@ class LookaheadCache:
         return dict(self._c.stats())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the shared histories and the configuration to `path` (not live prompts):
-        checksummed, atomic (temporary file, fsync, rename, folder fsync); a symbolic link
+        """Writes the shared histories and the configuration to `path` (not live prompts,
+        not recycled predictions, though their settings are kept): checksummed, atomic (temporary file, fsync, rename, folder fsync); a symbolic link
         is written through.
 
         Each namespace's history is read under its lock, so `extend` calls of that namespace

@@ -1,10 +1,11 @@
 //! save / load of the shared histories (a warm start). Prompts of live requests are not saved.
 //!
-//! Format, little-endian, version 3:
+//! Format, little-endian, version 4:
 //! ```text
 //! magic  b"LKAHSAV3"  | version u32 | max_depth u32 | capacity_nodes u64
 //! own_weight f64   | history_weight f64 | keep_prompt_as_history u8 | background_indexing u8
 //! history_skip lo u32 | hi u32 (0, 0: none)
+//! recycle_k u32 | recycle_slots u64 | recycle_weight f64
 //! namespaces u32, then per namespace:
 //!   name_len u32 | name (UTF-8) | nodes u64 | nodes x (parent u32, token u32, count u32)
 //! b"END!" | file_len u64 (of the whole file) | checksum u64
@@ -15,10 +16,14 @@
 //! A file is refused unless its checksum, its length field and its actual length agree,
 //! with nothing after the checksum.
 //!
-//! Versions 1 and 2 (magic b"LKAHTRIE", no checksum; version 1 had no `history_skip`, so
-//! it loads with None) still load, with the same structural checks and no trailing bytes.
-//! Their magic differs from version 3's in four bytes, so no single damaged byte turns a
-//! version 3 file into one that skips the checksum.
+//! The recycled predictions themselves are not saved (they belong to the requests that
+//! produced them), only the settings: a loaded cache recycles as the saved one did.
+//! Version 3 (the same magic and checksum, no recycle settings) loads with the defaults,
+//! recycling off, as its caches had to be. Versions 1 and 2 (magic b"LKAHTRIE", no checksum;
+//! version 1 had no `history_skip`, so it loads with None) still load, with the same
+//! structural checks and no trailing bytes. Their magic differs from the checksummed
+//! versions' in four bytes, so no single damaged byte turns such a file into one that skips
+//! the checksum.
 //! Nodes are in breadth-first order and numbered from 1 in file order (0 is the root), so a
 //! parent always comes before its children. Each namespace is a consistent snapshot (taken
 //! under its read lock); namespaces are saved one after another.
@@ -40,11 +45,14 @@ use crate::cache::{Cache, Config, MAX_INDEX_THREADS, MAX_NAMESPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::trie::{Trie, ROOT};
 
+/// Magic of the checksummed versions, 3 and up.
 const MAGIC: &[u8; 8] = b"LKAHSAV3";
 /// Magic of versions 1 and 2.
 const LEGACY_MAGIC: &[u8; 8] = b"LKAHTRIE";
 const END: &[u8; 4] = b"END!";
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
+/// The first version with a checksum (and `MAGIC`).
+const CHECKSUMMED: u32 = 3;
 /// Nodes a file's count may reserve room for before they are read (a hostile count must not
 /// allocate before the file proves it holds them).
 const PREALLOC_NODES: u64 = 1 << 16;
@@ -220,6 +228,9 @@ fn write_body(cache: &Cache, w: &mut impl Write) -> std::io::Result<()> {
     let (lo, hi) = c.history_skip.unwrap_or((0, 0));
     w.write_all(&(lo as u32).to_le_bytes())?;
     w.write_all(&(hi as u32).to_le_bytes())?;
+    w.write_all(&(c.recycle_k as u32).to_le_bytes())?;
+    w.write_all(&(c.recycle_slots as u64).to_le_bytes())?;
+    w.write_all(&c.recycle_weight.to_le_bytes())?;
     let all = cache.namespaces();
     w.write_all(&(all.len() as u32).to_le_bytes())?;
     for ns in all {
@@ -328,7 +339,7 @@ pub fn load(
         len: 0,
     };
     let (cache, version) = read_body(&mut r, background_indexing, index_threads)?;
-    if version >= 3 {
+    if version >= CHECKSUMMED {
         let len = r.len + 16;
         let want_len = r.u64()?;
         let hash = r.hash;
@@ -352,8 +363,8 @@ fn read_body<R: Read>(
     let magic = r.bytes::<8>()?;
     let version = r.u32()?;
     let known = match &magic {
-        m if m == MAGIC => version == VERSION,
-        m if m == LEGACY_MAGIC => (1..VERSION).contains(&version),
+        m if m == MAGIC => (CHECKSUMMED..=VERSION).contains(&version),
+        m if m == LEGACY_MAGIC => (1..CHECKSUMMED).contains(&version),
         _ => return Err(r.damaged("no lookahead save file magic")),
     };
     if !known {
@@ -378,6 +389,15 @@ fn read_body<R: Read>(
     } else {
         None
     };
+    let (recycle_k, recycle_slots, recycle_weight) = if version >= 4 {
+        let k = r.u32()? as usize;
+        // Out-of-range values are refused by `Cache::new` below, as a damaged file.
+        let slots = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
+        (k, slots, r.f64()?)
+    } else {
+        let d = Config::default();
+        (d.recycle_k, d.recycle_slots, d.recycle_weight)
+    };
     let cfg = Config {
         max_depth,
         capacity_nodes,
@@ -387,8 +407,9 @@ fn read_body<R: Read>(
         background_indexing: background_indexing.unwrap_or(bg != 0),
         index_threads: index_threads.unwrap_or(0),
         history_skip,
-        // Recycled predictions are not saved: a loaded cache keeps none.
-        ..Config::default()
+        recycle_k,
+        recycle_slots,
+        recycle_weight,
     };
     let cache = Cache::new(cfg).map_err(|e| match e {
         Error::InvalidInput(m) => r.damaged(&format!("it holds a bad configuration: {m}")),

@@ -8,6 +8,9 @@ fn save_load_round_trip() {
         capacity_nodes: 100_000,
         background_indexing: false,
         history_skip: Some((2, 3)),
+        recycle_k: 3,
+        recycle_slots: 777,
+        recycle_weight: 0.25,
         ..Config::default()
     };
     let c = Cache::new(cfg).unwrap();
@@ -55,6 +58,47 @@ fn save_load_round_trip() {
     );
     std::fs::write(&path, [&v1[..8], &9u32.to_le_bytes(), &v1[12..]].concat()).unwrap();
     assert_eq!(load(&path, None, None).err().unwrap().kind(), "Format");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Version 3 had no recycle settings: its files load with the defaults (recycling off, as
+/// every version 3 cache that was loaded back had it).
+#[test]
+fn version_3_loads_with_the_default_recycle_settings() {
+    let cfg = Config {
+        max_depth: 5,
+        capacity_nodes: 10_000,
+        background_indexing: false,
+        recycle_k: 4,
+        ..Config::default()
+    };
+    let c = Cache::new(cfg).unwrap();
+    c.add_history(&[vec![1, 2, 3, 1, 2, 4]], "default").unwrap();
+    let dir = scratch("v3");
+    let path = dir.join("h.bin");
+    save(&c, &path).unwrap();
+    let v4 = std::fs::read(&path).unwrap();
+    // The recycle settings sit after the 50 bytes of magic, version and version 3's config.
+    let body = [
+        &v4[..8],
+        &3u32.to_le_bytes(),
+        &v4[12..50],
+        &v4[70..v4.len() - 16],
+    ]
+    .concat();
+    let len = (body.len() as u64 + 16).to_le_bytes();
+    let body = [&body[..], &len].concat();
+    let hash = fnv1a(FNV_OFFSET, &body).to_le_bytes();
+    std::fs::write(&path, [&body[..], &hash].concat()).unwrap();
+    let old = load(&path, None, None).unwrap();
+    let d = Config::default();
+    let got = old.config();
+    assert_eq!(
+        (got.recycle_k, got.recycle_slots, got.recycle_weight),
+        (d.recycle_k, d.recycle_slots, d.recycle_weight)
+    );
+    assert_eq!((got.max_depth, got.capacity_nodes), (5, 10_000));
+    assert_eq!(old.stats().nodes, c.stats().nodes);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
