@@ -353,8 +353,8 @@ class LookaheadCache:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the shared histories and the configuration to `path` (not live prompts,
-        not recycled predictions, though their settings are kept): checksummed, atomic (temporary file, fsync, rename, folder fsync); a symbolic link
-        is written through.
+        nor recycled predictions, though their settings are kept): checksummed, atomic
+        (temporary file, fsync, rename, folder fsync); a symbolic link is written through.
 
         Each namespace's history is read under its lock, so `extend` calls of that namespace
         (and drafts queued behind them) wait for its walk: ~0.7 s for 2.8M nodes on a 2-core
