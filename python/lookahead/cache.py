@@ -113,8 +113,8 @@ class LookaheadCache:
             beside the tries' continuations (docs/interfaces.md, "Recycled predictions").
         recycle_slots: keys the recycled-prediction table holds at most, over all namespaces
             (the oldest written goes first; about `recycle_slots * (8 * recycle_k + 75)`
-            bytes once full, counted in `stats()["bytes"]`; not saved by `save`, and a loaded
-            cache has `recycle_k = 0`).
+            bytes once full, counted in `stats()["bytes"]`; `save` keeps the settings, not the
+            rows: a loaded cache recycles as the saved one did, from an empty table).
         recycle_weight: scale of a recycled prediction's probability in draft scores (above 0,
             at most 1e6).
 

@@ -169,6 +169,26 @@ fn hostile_files_are_refused() {
     v.extend_from_slice(END);
     let e = load_bytes("deep", &v).err().unwrap();
     assert!(e.to_string().contains("deeper than max_depth"), "{e}");
+
+    // Recycle settings out of range in a version 4 header (read before the checksum).
+    let (dir, good) = saved_file("recycle");
+    let path = dir.join("r.bin");
+    let k = 65u32.to_le_bytes();
+    let slots = u64::MAX.to_le_bytes();
+    let weight = f64::NAN.to_le_bytes();
+    for (at, bytes, what) in [
+        (50, &k[..], "recycle_k"),
+        (54, &slots[..], "recycle_slots"),
+        (62, &weight[..], "recycle_weight"),
+    ] {
+        let mut bad = good.clone();
+        bad[at..at + bytes.len()].copy_from_slice(bytes);
+        std::fs::write(&path, &bad).unwrap();
+        let e = load(&path, Some(false), None).err().unwrap();
+        assert_eq!(e.kind(), "Format", "{e}");
+        assert!(e.to_string().contains("bad configuration") && e.to_string().contains(what));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A count saved at u32::MAX stays there when counted again, and its parent's side table
@@ -219,12 +239,13 @@ fn every_damaged_file_is_refused() {
         x ^= x >> 9;
         let mut bad = good.clone();
         let at = (x as usize) % bad.len();
-        // The first 120 flips cover the header and the trailer byte by byte.
-        let at = if i < 120 {
-            if i < 60 {
+        // The first 160 flips cover the header (74 bytes, with the namespace count), the
+        // first name and the trailer byte by byte.
+        let at = if i < 160 {
+            if i < 100 {
                 i
             } else {
-                bad.len() - (i - 59)
+                bad.len() - (i - 99)
             }
         } else {
             at
