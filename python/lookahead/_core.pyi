@@ -65,11 +65,11 @@ class Cache:
         history_weight: float,
         keep_prompt_as_history: bool,
         background_indexing: bool,
-        index_threads: int = 0,
-        history_skip: tuple[int, int] | None = ...,
-        recycle_k: int = 0,
-        recycle_slots: int = ...,
-        recycle_weight: float = 0.5,
+        index_threads: int,
+        history_skip: tuple[int, int] | None,
+        recycle_k: int,
+        recycle_slots: int,
+        recycle_weight: float,
     ) -> Cache: ...
     def config(self) -> dict[str, Any]: ...
     def start_request(self, rid: _Rid, prompt: _Tokens, namespace: str) -> None: ...

@@ -11,9 +11,7 @@ use pyo3::types::PyDict;
 use super::args;
 use super::draft::{to_py, PyDraft};
 use super::errors::to_pyerr;
-use crate::cache::{
-    panic_message, Cache, Config, DEFAULT_HISTORY_SKIP, DEFAULT_RECYCLE_SLOTS, MAX_BUDGET,
-};
+use crate::cache::{panic_message, Cache, Config, MAX_BUDGET};
 use crate::error::{Error, Result};
 
 /// Most entries (requests x width) of one `draft_batch` result: its arrays are allocated up
@@ -66,7 +64,9 @@ pub struct PyCache {
 impl PyCache {
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (max_depth, capacity_nodes, own_weight, history_weight, keep_prompt_as_history, background_indexing, index_threads=0, history_skip=DEFAULT_HISTORY_SKIP, recycle_k=0, recycle_slots=DEFAULT_RECYCLE_SLOTS, recycle_weight=0.5))]
+    // Every knob is required: the defaults live in `Config::default()` alone (`DEFAULTS`),
+    // which the Python wrapper's signature reads.
+    #[pyo3(signature = (max_depth, capacity_nodes, own_weight, history_weight, keep_prompt_as_history, background_indexing, index_threads, history_skip, recycle_k, recycle_slots, recycle_weight))]
     fn new(
         py: Python<'_>,
         max_depth: usize,
