@@ -66,10 +66,12 @@ def renamed_note(name: str) -> str:
 
 def refuse_renamed(given: dict, where: str) -> None:
     """Refuse knobs given under an old name (`RENAMED`), or unknown ones, naming the fix."""
-    for name in given:
-        if name in RENAMED:
-            raise InvalidInput(f"{where}: {renamed_note(name)}")
-        raise TypeError(f"{where}.__init__() got an unexpected keyword argument {name!r}")
+    if not given:
+        return
+    name = next(iter(given))  # the first, as Python itself reports one unexpected argument
+    if name in RENAMED:
+        raise InvalidInput(f"{where}: {renamed_note(name)}")
+    raise TypeError(f"{where}.__init__() got an unexpected keyword argument {name!r}")
 
 
 # Half the cores, at most 8: a serving process has other work for the rest (prompt indexing,
