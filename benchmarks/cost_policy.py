@@ -24,9 +24,9 @@ from collections import defaultdict
 import numpy as np
 from lookahead import LookaheadCache
 from lookahead.calibration import AcceptanceCalibration, greedy_outcomes
-from lookahead.costs import CostModel, choose_nodes
-from lookahead.hf import AUTO_MAX_NODES, DEEP_ACCEPT
+from lookahead.costs import CostModel
 from lookahead.hf.recycling import RECYCLE_K, first_prompt_row
+from lookahead.sizing import AUTO_MAX_NODES, DEEP_ACCEPT, choose_nodes
 
 from benchmarks.peers import accepted_length
 from benchmarks.peers.pld import PldDrafter

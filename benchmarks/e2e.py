@@ -309,11 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         n = sum(hist.values()) or 1
         shown = ", ".join(f"{k}: {100 * v / n:.0f}%" for k, v in hist.items() if v / n >= 0.01)
         print(f"  {m}: {shown}")
-    if gens["lookahead"] is not None and costs is not None:
-        one, several = gens["lookahead"].cost_correction
+    learned = getattr(gens["lookahead"], "sizer", None) if gens["lookahead"] else None
+    learned = getattr(learned, "learned", None)
+    if learned is not None:
+        print(f"verify cost measured at start-up, {costs.describe(700)}")
         print(
-            f"lookahead's forwards ran {one:.2f}x (one row) and {several:.2f}x (several rows) "
-            "the measured curve; its drafts were sized by the corrected one"
+            f"verify cost learnt from {learned.count} forwards, {learned.as_cost_model().describe(700)}"
         )
     print(
         "outputs equal to plain greedy: "
@@ -329,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         res.update({"config": vars(args), "summary": summary, "records": records})
         if costs is not None:
             res["cost_model"] = costs.to_json()
-            if gens["lookahead"] is not None:
-                res["cost_correction"] = list(gens["lookahead"].cost_correction)
+            if learned is not None:
+                res["cost_model_learned"] = learned.as_cost_model().to_json()
+                res["cost_model_learned"]["forwards"] = learned.count
         write_json(args.json, res)
     return 0
 

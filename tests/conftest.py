@@ -20,12 +20,13 @@ def pytest_configure(config):
 def verify_every_draft(monkeypatch):
     """Default generators verify every node drafted (up to `AUTO_MAX_NODES`), whatever this
     machine's measured costs and however the drafts score (scripted ones score 0)."""
-    import lookahead.hf.generator
+    import lookahead.costs
+    import lookahead.sizing
     from lookahead.costs import CostModel
 
     flat = CostModel.from_rows({1: 1.0, 64: 1.0})
-    monkeypatch.setattr(lookahead.hf.generator, "load_or_measure", lambda model: flat)
-    monkeypatch.setattr(lookahead.hf.generator, "choose_nodes", lambda e, costs, host_s=0.0: len(e))
+    monkeypatch.setattr(lookahead.costs, "load_or_measure", lambda model: flat)
+    monkeypatch.setattr(lookahead.sizing, "choose_nodes", lambda e, costs, host_s=0.0: len(e))
 
 
 @pytest.fixture(scope="module")

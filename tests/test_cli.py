@@ -30,7 +30,7 @@ def test_bad_arguments_exit_with_a_message(capsys):
     assert "--max-new-tokens" in capsys.readouterr().err
     assert cli.main(["generate", "--prompt", "x", "--budget", "-1"]) == 2
     assert cli.main(["demo", "--max-budget", "-1"]) == 2
-    assert "--max-budget must be in [0, 65536], got -1" in capsys.readouterr().err
+    assert "--max-budget must be an int in [0, 65536], got -1" in capsys.readouterr().err
     assert cli.main(["demo", "--count", "0"]) == 2
     with pytest.raises(SystemExit):
         cli.main(["demo", "--dtype", "float16"])
@@ -42,7 +42,7 @@ def test_bad_arguments_exit_with_a_message(capsys):
     ("argv", "message"),
     [
         (["--depth", "1"], "--depth must be in [2, 64]"),
-        (["--budget", "100000"], "--budget must be in [0, 65536]"),
+        (["--budget", "100000"], "--budget must be an int in [0, 65536]"),
         (["--min-draft-score", "-1"], "--min-draft-score must be a finite number >= 0"),
         (["--min-draft-score", "nan"], "--min-draft-score"),
         (["--threads", "0"], "--threads must be >= 1"),

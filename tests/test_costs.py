@@ -11,13 +11,10 @@ import pytest
 import torch
 from lookahead import costs
 from lookahead.calibration import AcceptanceCalibration
-from lookahead.costs import (
-    CostModel,
-    choose_nodes,
-    load_or_measure,
-    measure_costs,
-)
+from lookahead.costs import CostModel, load_or_measure, measure_costs
 from lookahead.hf import LookaheadGenerator
+from lookahead.learned_costs import LearnedCosts
+from lookahead.sizing import choose_nodes
 from tiny_models import hf_generate, repetitive_prompt, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -188,7 +185,8 @@ def test_curve_is_measured_once_and_kept(monkeypatch, tmp_path):
     model = tiny_model("llama")
     lines = []
     first = load_or_measure(model, progress=lines.append)
-    assert "measuring" in lines[0] and "kept in" in lines[1]
+    assert "measuring" in lines[0] and "kept in" in lines[-1]
+    said = len(lines)
     (path,) = (tmp_path / "costs").iterdir()
 
     def no_measuring(*a, **k):
@@ -196,7 +194,7 @@ def test_curve_is_measured_once_and_kept(monkeypatch, tmp_path):
 
     monkeypatch.setattr(costs, "measure_costs", no_measuring)
     assert load_or_measure(model, progress=lines.append) == first
-    assert len(lines) == 2
+    assert len(lines) == said
     # Another thread count is another machine state: measured anew.
     monkeypatch.undo()
     monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path / "costs"))
@@ -231,7 +229,7 @@ def test_refresh_measures_again(monkeypatch, tmp_path):
     real = costs.measure_costs
     monkeypatch.setattr(costs, "measure_costs", lambda m: calls.append(1) or real(m))
     load_or_measure(model, refresh=True, progress=None)
-    assert calls == [1]
+    assert 1 <= len(calls) <= costs.MEASURE_TRIES  # a tiny model's curve is mostly noise
 
 
 # -- the engine -------------------------------------------------------------------------
@@ -246,7 +244,9 @@ VOCAB = 128
         ("knee", {1: 1.0, 4: 1.0, 64: 30.0}),
     ],
 )
-def test_greedy_output_is_plain_decoding_under_every_curve(name, rows):
+def test_greedy_output_is_plain_decoding_under_every_curve(name, rows, monkeypatch):
+    # The curve as given, not corrected by the tiny model's forwards (tested apart).
+    monkeypatch.setattr(LearnedCosts, "observe", lambda *a: None)
     model = tiny_model("llama")
     gen = LookaheadGenerator(model, cost_model=CostModel.from_rows(rows))
     rng = random.Random(11)
@@ -259,14 +259,15 @@ def test_greedy_output_is_plain_decoding_under_every_curve(name, rows):
         nodes += res.stats.draft_nodes
     if name == "flat":
         assert max(nodes) > 8 and sum(n > 0 for n in nodes) > len(nodes) // 2
-        assert gen.calibration[False].offered.sum() > 0
+        assert gen.sizer.calibration[False].offered.sum() > 0
     elif name == "steep":  # no draft pays on a curve where every row costs a forward
         assert set(nodes) == {0}
     else:
         assert max(nodes) <= 3  # past 4 rows the curve climbs
 
 
-def test_calibration_learns_from_verify_results():
+def test_calibration_learns_from_verify_results(monkeypatch):
+    monkeypatch.setattr(LearnedCosts, "observe", lambda *a: None)
     model = tiny_model("llama")
     # A knee at 4 rows: at most 3 nodes verified, the rest of each draft decided or not.
     gen = LookaheadGenerator(model, cost_model=CostModel.from_rows({1: 1.0, 4: 1.0, 64: 30.0}))
@@ -275,19 +276,22 @@ def test_calibration_learns_from_verify_results():
     for _ in range(4):
         ids = repetitive_prompt(rng, VOCAB)
         res_nodes += gen.generate(ids, max_new_tokens=32, eos_token_id=None).stats.draft_nodes
-    cal = gen.calibration[False]
+    cal = gen.sizer.calibration[False]
     # Greedy steps count the nodes their verify decides: more than they verified.
     verified = sum(res_nodes)
     assert 0 < cal.accepted.sum() < cal.offered.sum()
     assert cal.offered.sum() > verified
-    assert gen.calibration[True].offered.sum() == 0  # greedy steps teach the greedy table
+    assert gen.sizer.calibration[True].offered.sum() == 0  # greedy steps teach the greedy table
     # Sampled steps teach their own table, from the nodes they verified.
     for seed in range(3):
         gen.generate(ids, max_new_tokens=32, eos_token_id=None, do_sample=True, seed=seed)
-    assert 0 < gen.calibration[True].accepted.sum() <= gen.calibration[True].offered.sum()
+    assert (
+        0 < gen.sizer.calibration[True].accepted.sum() <= gen.sizer.calibration[True].offered.sum()
+    )
 
 
-def test_budget_caps_the_cost_aware_choice():
+def test_budget_caps_the_cost_aware_choice(monkeypatch):
+    monkeypatch.setattr(LearnedCosts, "observe", lambda *a: None)
     model = tiny_model("llama")
     flat = CostModel.from_rows({1: 1.0, 64: 1.0})
     gen = LookaheadGenerator(model, budget=3, cost_model=flat)
@@ -296,7 +300,8 @@ def test_budget_caps_the_cost_aware_choice():
     assert res.ids == hf_generate(model, ids, 32) and max(res.stats.draft_nodes) <= 3
 
 
-def test_sampling_under_the_cost_aware_choice_is_the_seeds_plain_sampling():
+def test_sampling_under_the_cost_aware_choice_is_the_seeds_plain_sampling(monkeypatch):
+    monkeypatch.setattr(LearnedCosts, "observe", lambda *a: None)
     model = tiny_model("llama")
     knee = CostModel.from_rows({1: 1.0, 4: 1.0, 64: 30.0})  # drafts of 0 to 3 nodes
     cost_aware = LookaheadGenerator(model, cost_model=knee)
@@ -316,7 +321,7 @@ def test_default_generator_measures_on_first_use(monkeypatch, tmp_path):
     monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path))
     model = tiny_model("llama")
     gen = LookaheadGenerator(model)
-    assert gen.cost_aware and not any(tmp_path.iterdir())  # nothing measured yet
+    assert gen.sizer.learned is None and not any(tmp_path.iterdir())  # nothing measured yet
     ids = repetitive_prompt(random.Random(6), VOCAB)
     res = gen.generate(ids, max_new_tokens=24, eos_token_id=None)
     assert res.ids == hf_generate(model, ids, 24)
@@ -370,15 +375,19 @@ def test_greedy_outcomes_do_not_bias_deep_nodes():
 
 def test_measured_forwards_correct_the_curve():
     model = tiny_model("llama")
-    # A curve ~1000x slower than a tiny model's forwards: each step's measured time pulls
-    # the correction down (clipped per step, so one stall cannot swing it).
-    gen = LookaheadGenerator(model, cost_model=CostModel.from_rows({1: 1.0, 64: 1.0}))
-    assert gen.cost_correction == (1.0, 1.0)
+    # A curve ~1000x slower than a tiny model's forwards: the engine's own forwards pull the
+    # curve its drafts are sized by down to what they measure.
+    prior = CostModel.from_rows({1: 1.0, 64: 1.0})
+    gen = LookaheadGenerator(model, cost_model=prior)
     rng = random.Random(8)
+    steps = 0
     for _ in range(3):
         ids = repetitive_prompt(rng, VOCAB)
-        assert gen.generate(ids, max_new_tokens=32, eos_token_id=None).ids == hf_generate(
-            model, ids, 32
-        )
-    one, several = gen.cost_correction
-    assert 0.25 <= several < 0.7 and 0.25 <= one < 0.9
+        res = gen.generate(ids, max_new_tokens=32, eos_token_id=None)
+        assert res.ids == hf_generate(model, ids, 32)
+        steps += res.stats.steps
+    learned = gen.sizer.learned
+    assert learned.count == steps and learned.prior is prior
+    measured = learned.measured(100)
+    assert measured and all(sec < 0.05 for sec, _n in measured.values())
+    assert learned.curve(100)[1] < 0.05

@@ -498,25 +498,36 @@ def test_low_score_drafts_are_dropped_and_output_unchanged():
 
 
 def test_defaults_size_drafts_by_cost_and_overrides_fix_them():
-    from lookahead.hf import AUTO_MAX_NODES, FIXED_BUDGET
+    from lookahead.sizing import AUTO_MAX_NODES, FIXED_BUDGET, CostAwareSizer, FixedSizer
 
     model = tiny_model("llama")
     gen = LookaheadGenerator(model)
-    assert gen.cost_aware and gen.budget == gen.max_budget == AUTO_MAX_NODES
-    assert gen.min_draft_score == 0.0
+    s = gen.sizer
+    assert isinstance(s, CostAwareSizer) and s.max_nodes == AUTO_MAX_NODES
+    assert s.min_score == 0.0
     # Any of the three knobs: the fixed policy, the others at their fixed defaults.
     g = LookaheadGenerator(model, min_draft_score=0.2)
-    assert not g.cost_aware and g.cost_model is None
-    assert (g.budget, g.max_budget, g.min_draft_score) == (FIXED_BUDGET, FIXED_BUDGET, 0.2)
+    assert isinstance(g.sizer, FixedSizer) and g.cost_model is None
+    assert (g.sizer.base, g.sizer.max_nodes, g.sizer.min_score) == (FIXED_BUDGET, FIXED_BUDGET, 0.2)
     g = LookaheadGenerator(model, budget=3)
-    assert not g.cost_aware and (g.budget, g.max_budget) == (3, 3)
-    assert LookaheadGenerator(model, cost_model=None).budget == FIXED_BUDGET
+    assert isinstance(g.sizer, FixedSizer) and (g.sizer.base, g.sizer.max_nodes) == (3, 3)
+    assert LookaheadGenerator(model, cost_model=None).sizer.base == FIXED_BUDGET
     # With a cost model too, the budget caps what the choice may take.
     flat = CostModel.from_rows({1: 1.0, 64: 1.0})
     g = LookaheadGenerator(model, budget=5, cost_model=flat)
-    assert g.cost_aware and g.cost_model is flat and g.budget == g.max_budget == 5
+    assert isinstance(g.sizer, CostAwareSizer) and g.cost_model is flat
+    assert g.sizer.max_nodes == 5
     with pytest.raises(ValueError, match="cost_model"):
         LookaheadGenerator(model, cost_model="fast")
+    # A sizer object, alone: with a shorthand beside it the call is refused.
+    mine = FixedSizer(4, 6, 0.5)
+    assert LookaheadGenerator(model, sizer=mine).sizer is mine
+    with pytest.raises(ValueError, match="not both"):
+        LookaheadGenerator(model, sizer=mine, budget=4)
+    with pytest.raises(ValueError, match="not both"):
+        LookaheadGenerator(model, sizer=mine, cost_model=None)
+    with pytest.raises(ValueError, match="Sizer"):
+        LookaheadGenerator(model, sizer=object())
 
 
 class _BudgetSpy:
@@ -537,9 +548,9 @@ def test_budget_grows_after_a_deep_acceptance():
     from lookahead.hf import DEEP_ACCEPT
 
     model = tiny_model("llama")
-    assert LookaheadGenerator(model, budget=3).max_budget == 3  # an explicit budget is fixed
-    assert LookaheadGenerator(model, budget=3, max_budget=12).max_budget == 12
-    assert LookaheadGenerator(model, max_budget=2).max_budget == 8  # never below the budget
+    assert LookaheadGenerator(model, budget=3).sizer.max_nodes == 3  # an explicit budget is fixed
+    assert LookaheadGenerator(model, budget=3, max_budget=12).sizer.max_nodes == 12
+    assert LookaheadGenerator(model, max_budget=2).sizer.max_nodes == 8  # never below the budget
     with pytest.raises(ValueError, match="max_budget"):
         LookaheadGenerator(model, max_budget=-1)
     ids = repetitive_prompt(random.Random(5), VOCAB)

@@ -70,7 +70,7 @@ class AcceptanceCalibration:
         if got is None:
             w = self.offered[r] + self.prior_weight
             v = (self.accepted[r] + self.prior_weight * self.prior) / w
-            got = self._tables[r] = _isotonic(v, w)
+            got = self._tables[r] = isotonic(v, w)
         return got
 
     def predict(self, scores: np.ndarray, last_accepted: int = 0) -> np.ndarray:
@@ -120,7 +120,33 @@ def greedy_outcomes(tokens, parents, verified: int, path, emitted) -> tuple:
     return took, known
 
 
-def _isotonic(v: np.ndarray, w: np.ndarray) -> np.ndarray:
+def learn(
+    calibration: AcceptanceCalibration,
+    drafted: tuple,
+    n: int,
+    path: list,
+    emitted: list,
+    sampled: bool,
+    last: int,
+) -> int | None:
+    """Teach `calibration` what the drafted nodes' scores were worth: `drafted` = (tokens,
+    parents, scores) before the cut, of which the first `n` (root included) were verified;
+    `path` the accepted nodes (root first) and `emitted` the step's tokens. In greedy
+    decoding return what the whole draft would have accepted (read one level past the
+    verified nodes), else None."""
+    if sampled:  # an accepted path says nothing of nodes not verified
+        scores = drafted[2]
+        took = np.zeros(n - 1)
+        took[np.asarray(path[1:], dtype=np.int64) - 1] = 1.0
+        calibration.observe(scores[1:n], took, last)
+        return None
+    all_tokens, all_parents, all_scores = drafted
+    took, known = greedy_outcomes(all_tokens, all_parents, n, path, emitted)
+    calibration.observe(all_scores[1:][known], took[known], last)
+    return int(took.sum())
+
+
+def isotonic(v: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The non-decreasing sequence nearest `v` in `w`-weighted squares (pool-adjacent-
     violators)."""
     vals, wts, sizes = [], [], []

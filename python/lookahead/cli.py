@@ -222,12 +222,7 @@ def _generate(args) -> int:
         f"draft tokens/step; prefill {s.prefill_s:.2f}s, draft {s.draft_s:.3f}s, mask "
         f"{s.mask_s:.3f}s, forward {s.forward_s:.2f}s, verify {s.verify_s:.3f}s, KV fix-up "
         f"{s.kv_s:.3f}s (host {100 * s.host_overhead:.1f}% of forward); {args.dtype}, "
-        + (
-            f"{sum(s.draft_nodes) / max(s.steps, 1):.1f} nodes/step sized by cost (<= {gen.budget})"
-            if gen.cost_aware
-            else f"budget {gen.budget}"
-            + (f" ({gen.max_budget} after deep acceptance)" if gen.max_budget > gen.budget else "")
-        )
+        + f"{sum(s.draft_nodes) / max(s.steps, 1):.1f} nodes/step by {gen.sizer!r}"
         + f"; finish: {res.finish_reason}]"
     )
     return 0
@@ -250,13 +245,17 @@ def _calibrate(args) -> int:
 
 def budget_problem(args) -> str | None:
     """What is wrong with `args.budget` / `args.max_budget` (each None or in
-    [0, MAX_BUDGET]), or None: the check the `lookahead` command and `python -m benchmarks e2e` share."""
-    from lookahead._core import MAX_BUDGET
+    [0, MAX_BUDGET]), or None: the check the `lookahead` command and `python -m benchmarks e2e` share
+    (`lookahead.sizing.check_budget`, as the API's)."""
+    from lookahead.sizing import check_budget
 
     for knob in ("budget", "max_budget"):
         v = getattr(args, knob)
-        if v is not None and not 0 <= v <= MAX_BUDGET:
-            return f"--{knob.replace('_', '-')} must be in [0, {MAX_BUDGET}], got {v}"
+        if v is not None:
+            try:
+                check_budget(f"--{knob.replace('_', '-')}", v)
+            except ValueError as e:
+                return str(e)
     return None
 
 

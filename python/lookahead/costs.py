@@ -5,11 +5,12 @@ with rows, and that differs by an order of magnitude between machines: on a CPU 
 bf16 a 8-row forward costs 1.16x one row, on an AVX2-only CPU in fp32 about 1.85x, on a GPU at
 batch 1 the same as one row. So the engine measures it (`measure_costs`: the model's real
 forward over a KV cache of random tokens, a handful of widths at two context lengths, the
-real dtype, device and thread count), keeps the curve on disk per model, dtype, device, CPU
-and threads (`load_or_measure`, `lookahead calibrate` redoes it), and each step drafts the
-prefix of the drafter's best-first tree that maximises expected tokens per second
-(`choose_nodes`), with the expected acceptance of each node learnt online from the engine's
-own verify results (`lookahead.calibration`).
+real dtype, device and thread count), refuses a curve no machine has (`implausible`: a wider
+forward measured cheaper, or dearer than a forward per row) by measuring again, and keeps
+the curve on disk per model, dtype, device, CPU and threads (`load_or_measure`;
+`lookahead calibrate` redoes it). The engine then corrects it with its own forwards
+(`lookahead.learned_costs`) and writes what it learnt back (`keep`), so the next run starts
+from the corrected curve; `lookahead.sizing` decides with it which nodes pay.
 """
 
 from __future__ import annotations
@@ -29,15 +30,23 @@ from pathlib import Path
 
 import numpy as np
 
+from lookahead.cost_checks import clip_plausible, implausible
+
 # Rows per forward the curve is measured at (root + nodes): dense where CPU curves bend (a
 # one-row forward takes a GEMV path, a few rows a GEMM one), sparse where they grow linearly.
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 17, 24, 33)
 # Context lengths the curve is measured at; costs at other lengths are linear in the length
 # (attention over the cache grows with it), clamped below at the shorter one's.
 CONTEXTS = (128, 1024)
-REPEATS = 2  # timed forwards per (width, context), after one warm-up round; their median counts
-# Bump when the measurement or the file changes meaning: older files are re-measured.
-COST_FORMAT = 1
+# Timed forwards per (width, context), after a warm-up round that runs every shape once
+# (thread pools, kernel selection and caches are per shape); their median counts.
+REPEATS = 3
+# A measured curve no machine has is measured again, this many times in all; the last one
+# is then clipped into what is plausible (and says so).
+MEASURE_TRIES = 3
+# Bump when the measurement or the file changes meaning: older files are re-measured
+# (format 1 was the median of 2 rounds, unchecked).
+COST_FORMAT = 2
 
 
 def cost_dir() -> Path:
@@ -287,94 +296,81 @@ def measure_costs(
     return CostModel(widths, tuple(ctxs), tuple(out), cost_key(model))
 
 
+def _read(path: Path, key: dict, progress) -> CostModel | None:
+    """The curve kept in `path` for `key`, or None (missing, another key, damaged or
+    implausible: said in one line)."""
+    try:
+        got = CostModel.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:  # corrupt, truncated, another format: measure again
+        if progress:
+            progress(f"lookahead: re-measuring the verify cost ({path} unusable: {e})")
+        return None
+    if got.key != key:
+        return None
+    why = implausible(got)
+    if why is not None:
+        if progress:
+            progress(f"lookahead: re-measuring the verify cost ({path} is implausible: {why})")
+        return None
+    return got
+
+
+def keep(costs: CostModel, path: Path | None = None) -> str:
+    """Write `costs` to `path` (default: its key's file) atomically; says where, or why
+    not (an unwritable folder costs the file, never the run)."""
+    path = cost_path(costs.key) if path is None else path
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".cost-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(costs.to_json(), f, indent=1)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from others sharing the folder
+        os.replace(tmp, path)
+        return f"kept in {path}"
+    except OSError as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return f"not kept: {e}"
+
+
 def load_or_measure(
     model, *, refresh: bool = False, progress: Callable[[str], None] | None = _stderr_line
 ) -> CostModel:
     """The curve kept on disk for this model, dtype, device, CPU and thread count, else one
     measured now (a few seconds, with a progress line) and kept for later runs. A file that
-    cannot be read or written costs a measurement, never the run."""
+    cannot be read or written, or holds an implausible curve, costs a measurement, never
+    the run; a measurement that is implausible is repeated (`MEASURE_TRIES` in all), and
+    the last one clipped plausible."""
     key = cost_key(model)
     path = cost_path(key)
     if not refresh:
-        try:
-            got = CostModel.from_json(json.loads(path.read_text()))
-            if got.key == key:
-                return got
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError) as e:  # corrupt, truncated, another format: measure again
-            if progress:
-                progress(f"lookahead: re-measuring the verify cost ({path} unusable: {e})")
+        got = _read(path, key, progress)
+        if got is not None:
+            return got
     if progress:
         progress(
             f"lookahead: measuring what a verify forward costs on this machine "
             f"({key['dtype']}, {key['device']}, {key['threads']} threads; once per model)..."
         )
     t0 = time.perf_counter()
-    got = CostModel.from_json(measure_costs(model).to_json())  # as a later run will read it
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".cost-", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(got.to_json(), f, indent=1)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from others sharing the folder
-        os.replace(tmp, path)
-        where = f"kept in {path}"
-    except OSError as e:
-        where = f"not kept: {e}"
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    for attempt in range(1, MEASURE_TRIES + 1):
+        got = CostModel.from_json(measure_costs(model).to_json())  # as a later run reads it
+        why = implausible(got)
+        if why is None:
+            break
+        if progress:
+            again = "measuring again" if attempt < MEASURE_TRIES else "clipping it plausible"
+            progress(f"lookahead: implausible verify cost ({why}; a busy machine?): {again}")
+    if why is not None:
+        got = clip_plausible(got)
+    where = keep(got, path)
     if progress:
         progress(
             f"lookahead: measured in {time.perf_counter() - t0:.1f} s ({where}); "
             f"{got.describe(700)}"
         )
     return got
-
-
-# -- which nodes pay --------------------------------------------------------------------
-def choose_nodes(expected: np.ndarray, costs: np.ndarray, host_s: float = 0.0) -> int:
-    """How many of the draft's best-first nodes to verify: the k that maximises this step's
-    expected tokens per second, (1 + expected[k - 1]) / (costs[k + 1] + host_s), with k = 0
-    (the root alone, 1 / (costs[1] + host_s)) among the choices. `expected[k - 1]` is the
-    expected accepted length of the first k nodes (non-decreasing in k), `costs[r]` the
-    forward time of r rows (index 0 unused), `host_s` the step's time besides the forward.
-    Ties go to fewer nodes. (Maximising expected tokens less the run's rate times the time,
-    which is optimal for exact chances, did worse in replays: BENCHMARKS.md.)"""
-    k_max = min(len(expected), len(costs) - 2)
-    if k_max <= 0:
-        return 0
-    gain = 1.0 + np.concatenate(([0.0], np.asarray(expected[:k_max], dtype=np.float64)))
-    return int(np.argmax(gain / (costs[1 : k_max + 2] + host_s)))  # first max: fewest nodes
-
-
-# The engine's measured forward times correct the curve as a moving average of this weight,
-# each step's ratio clipped to this range (one stall must not swing it).
-CORRECTION_EMA = 0.05
-CORRECTION_CLIP = (0.25, 4.0)
-
-
-class ForwardCorrection:
-    """Measured over modelled forward time, for one-row and for multi-row forwards, as moving
-    averages over the engine's own steps: a fresh curve was 0.93x-1.18x off in decoding here
-    (by dtype and run), and a machine gets busier or freer after it was measured."""
-
-    def __init__(self):
-        self.scale = [1.0, 1.0]  # one row, several rows
-
-    def apply(self, curve: np.ndarray) -> np.ndarray:
-        """`curve` (seconds by rows, index 0 unused) as the forwards so far ran it."""
-        out = curve * self.scale[1]
-        out[1] = curve[1] * self.scale[0]
-        return out
-
-    def observe(self, rows: int, seconds: float, curve: np.ndarray) -> None:
-        """One forward of `rows` rows took `seconds`; `curve` is what the model predicted."""
-        if rows >= len(curve):
-            return
-        lo, hi = CORRECTION_CLIP
-        ratio = min(max(seconds / curve[rows], lo), hi)
-        i = 0 if rows == 1 else 1
-        self.scale[i] += CORRECTION_EMA * (ratio - self.scale[i])

@@ -1,16 +1,13 @@
 """Acceptance: which of the tree's draft tokens the target takes (greedy: its argmax;
-sampling: exact speculative sampling with a seeded stream of uniforms), and what each
-drafted node's score turned out to be worth (the calibration the cost-aware choice reads)."""
+sampling: exact speculative sampling with a seeded stream of uniforms)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from lookahead import kernels
-from lookahead.calibration import AcceptanceCalibration, greedy_outcomes
 from lookahead.hf.sampling import SamplingConfig, node_scores
 from lookahead.hf.tree_inputs import Tree
 
@@ -88,27 +85,3 @@ class Acceptance:
         """Note the step's emitted ids (the repetition penalty counts them from now on)."""
         if self.seen is not None:
             self.seen[torch.tensor(ids, device=self.device)] = True
-
-
-def learn(
-    calibration: AcceptanceCalibration,
-    drafted: tuple,
-    n: int,
-    verdict: Verdict,
-    sampled: bool,
-    last: int,
-) -> int | None:
-    """Teach `calibration` what the drafted nodes' scores were worth (the `n` verified nodes
-    were cut from `drafted`); in greedy decoding return what the whole draft would have
-    accepted (read one level past the verified nodes), else None."""
-    path = verdict.path
-    if sampled:  # an accepted path says nothing of nodes not verified
-        scores = drafted[2]
-        took = np.zeros(n - 1)
-        took[np.asarray(path[1:], dtype=np.int64) - 1] = 1.0
-        calibration.observe(scores[1:n], took, last)
-        return None
-    all_tokens, all_parents, all_scores = drafted
-    took, known = greedy_outcomes(all_tokens, all_parents, n, path, verdict.emitted)
-    calibration.observe(all_scores[1:][known], took[known], last)
-    return int(took.sum())

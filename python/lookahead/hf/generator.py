@@ -15,24 +15,14 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from lookahead import _core
-from lookahead.calibration import AcceptanceCalibration
-from lookahead.costs import (
-    CostModel,
-    ForwardCorrection,
-    choose_nodes,
-    load_or_measure,
-)
-from lookahead.hf.acceptance import Acceptance, learn
+from lookahead.hf.acceptance import Acceptance
 from lookahead.hf.inputs import (
     Request,
     as_id_set,
     attention,
     check_bool,
-    check_budget,
     check_call,
     check_context,
-    check_cost_model,
-    check_min_score,
     context_length,
     encode,
     eos_ids,
@@ -51,21 +41,20 @@ from lookahead.hf.recycling import RECYCLE_K, hand_over
 from lookahead.hf.stats import GenerationResult, GenerationStats, TokenCallback
 from lookahead.hf.stopping import TextTracker, find_cut
 from lookahead.hf.tree_inputs import TreeInputs
+from lookahead.sizing import (
+    AUTO_MAX_NODES,
+    DEEP_ACCEPT,
+    FIXED_BUDGET,
+    CostAwareSizer,
+    FixedSizer,
+    Sizer,
+    Step,
+    check_budget,
+)
 
-# The widest draft the cost-aware choice considers (nodes besides the root); the measured
-# curve reaches one row further, and its widest row bounds the choice too.
-AUTO_MAX_NODES = 32
-# The fixed policy's budget when `max_budget` or `min_draft_score` is given without `budget`.
-FIXED_BUDGET = 8
-# Fixed policy: after a step that accepted at least `DEEP_ACCEPT` draft tokens the next draft
-# may use up to `max_budget` nodes (a request that is copying gets the wider tree while it
-# lasts). The cost-aware choice needs no such rule: a copying request's drafts score high.
-DEEP_ACCEPT = 4
 # The cache a generator builds stores n-grams up to the core's default depth.
 DEFAULT_DEPTH = _core.DEFAULTS["max_depth"]
-# The host's time per step (draft, tree inputs, verify, KV fix-up) is followed as a moving
-# average with this weight on the newest step: it adds to every choice's forward time.
-HOST_EMA = 0.1
+__all__ = ["AUTO_MAX_NODES", "DEEP_ACCEPT", "FIXED_BUDGET", "LookaheadGenerator", "generate"]
 
 
 _UNSET = object()
@@ -77,23 +66,23 @@ class LookaheadGenerator:
     """Lookahead decoding for one HF causal LM, with a `LookaheadCache` shared across calls.
 
     Outputs of earlier requests stay in the cache's shared history, so later requests can draft
-    from them. By default each step verifies the prefix of the drafter's best-first tree (up
-    to `AUTO_MAX_NODES` nodes) that maximises expected tokens per second on this machine: the
-    forward's cost by rows comes from `cost_model` ("auto": measured once per model, dtype,
-    device, CPU and threads, and kept on disk, `lookahead.costs.load_or_measure`; or a
-    `CostModel`), each node's chance of acceptance from its path score through a calibration
-    learnt from this generator's own verify results (`calibration[do_sample]`).
+    from them. How many drafted nodes each step verifies is `sizer`'s call
+    (`lookahead.sizing`): by default a `CostAwareSizer`, which verifies the prefix of the
+    drafter's best-first tree (up to `AUTO_MAX_NODES` nodes) that maximises expected tokens
+    per second on this machine, by what forwards cost here (measured once per model, dtype,
+    device, CPU and threads, corrected by every forward this generator runs, and kept on
+    disk) and what drafted nodes were worth in this generator's verify results.
 
-    `budget`, `max_budget` and `min_draft_score` are overrides: any of them given (even 0)
-    without a `cost_model` selects the fixed policy: `budget` nodes per step (`FIXED_BUDGET`
-    if only the others are given), up to `max_budget` after a step that accepted
-    `DEEP_ACCEPT` or more tokens (default, and at least, `budget`), and a draft whose path
-    scores sum below `min_draft_score` (default 0) is dropped for the root alone. With a
-    `cost_model` too, `max_budget` (else `budget`) caps the nodes the cost-aware choice may
-    take, and `min_draft_score` still applies. `cost_model=None` is the fixed policy with its
-    defaults. A `CostModel` measured to fewer rows than `AUTO_MAX_NODES + 1` caps drafts at
-    its widest row less the root. `depth` is the longest stored n-gram (used when `cache` is
-    None).
+    Shorthands instead of `sizer`: `budget`, `max_budget` and `min_draft_score` (any of them
+    given, even 0, without `cost_model`) build a `FixedSizer`: `budget` nodes per step
+    (`FIXED_BUDGET` if only the others are given), up to `max_budget` after a step that
+    accepted `DEEP_ACCEPT` or more (default, and at least, `budget`), a draft whose path
+    scores sum below `min_draft_score` (default 0) dropped for the root alone. So
+    `budget=16` switches the cost-aware choice off. `cost_model` (a `CostModel`, or "auto")
+    builds a `CostAwareSizer` over it, capped at `max_budget` (else `budget`) nodes, with
+    `min_draft_score`; `cost_model=None` is the fixed policy with its defaults. `sizer` and
+    the shorthands exclude each other. `depth` is the longest stored n-gram (used when
+    `cache` is None).
 
     `recycle` hands the cache the target's top predictions from the forwards it already runs
     (`lookahead.hf.recycling`): True: after each of the prompt's last 512 tokens (the prefill
@@ -110,6 +99,7 @@ class LookaheadGenerator:
         tokenizer=None,
         cache=None,
         *,
+        sizer: Sizer | None = None,
         budget: int | None = None,
         max_budget: int | None = None,
         depth: int = DEFAULT_DEPTH,
@@ -123,15 +113,7 @@ class LookaheadGenerator:
             raise ValueError(f"recycle must be None, False, True or 'path', got {recycle!r}")
         self._prefill_kw = last_logits_only(model)
         attn = attention(model)
-        overrides = budget is not None or max_budget is not None or min_draft_score is not None
-        cost_model = (None if overrides else "auto") if cost_model is _UNSET else cost_model
-        check_cost_model(cost_model)
-        if budget is not None:
-            budget = check_budget("budget", budget)
-        if max_budget is not None:
-            # Checked here: the core would refuse a bad one only at the first deep acceptance,
-            # after tokens went out.
-            max_budget = check_budget("max_budget", max_budget)
+        self.sizer = _sizer(sizer, budget, max_budget, min_draft_score, cost_model)
         self.model = model
         self.tokenizer = tokenizer
         if cache is None:
@@ -147,19 +129,7 @@ class LookaheadGenerator:
         self._recycle_tree = recycle is not False and recycle != "path"
         self.cache = cache
         dtype = next(model.parameters()).dtype
-        self.cost_aware = cost_model is not None
-        if self.cost_aware:
-            cap = max_budget if max_budget is not None else budget
-            self.budget = self.max_budget = AUTO_MAX_NODES if cap is None else cap
-        else:
-            self.budget = FIXED_BUDGET if budget is None else budget
-            self.max_budget = max(self.budget, max_budget or 0)
-        self._cost_model = cost_model
-        self.calibration = {False: AcceptanceCalibration(), True: AcceptanceCalibration()}
-        self._host_s = {False: 0.0, True: 0.0}  # by do_sample: sampling does more per step
-        self._correction = ForwardCorrection()
         self.multi_branch = check_bool("multi_branch", multi_branch)
-        self.min_draft_score = check_min_score(min_draft_score)
         self._additive_mask = attn == "eager"
         self._dtype = dtype
         self._device = next(model.parameters()).device
@@ -168,18 +138,13 @@ class LookaheadGenerator:
         self._context = context_length(model, tokenizer)
 
     @property
-    def cost_model(self) -> CostModel | None:
-        """The forward's cost by rows the drafts are sized by (None: the fixed policy); an
-        "auto" one is loaded or measured here, on first use."""
-        if self._cost_model == "auto":
-            self._cost_model = load_or_measure(self.model)
-        return self._cost_model
-
-    @property
-    def cost_correction(self) -> tuple:
-        """Measured over modelled forward time so far (one row, several rows): how far this
-        generator's forwards ran from the cost model, which drafts are sized by after it."""
-        return tuple(self._correction.scale)
+    def cost_model(self):
+        """The start-up cost curve the cost-aware sizer corrects (None for another sizer);
+        an "auto" one is loaded or measured here, on first use."""
+        if not isinstance(self.sizer, CostAwareSizer):
+            return None
+        self.sizer.start(self.model)
+        return self.sizer.cost_model
 
     def encode(self, prompt, chat: bool = False) -> list:
         """Prompt ids from a string (tokenizer needed; chat template if `chat`) or ids."""
@@ -228,16 +193,15 @@ class LookaheadGenerator:
         stop_strings = check_call(max_new_tokens, stop_strings, seed, on_tokens, self.tokenizer)
         skip_special_tokens = check_bool("skip_special_tokens", skip_special_tokens)
         # A budget given here is a fixed width for this call.
-        fixed_call = budget is not None
-        if budget is None:
-            budget, max_budget = self.budget, self.max_budget
-        else:
-            budget = max_budget = check_budget("budget", budget)
+        sizer = self.sizer
+        if budget is not None:
+            budget = check_budget("budget", budget)
+            sizer = FixedSizer(budget, budget, self.sizer.min_score)
         cfg = sampling_config(self.model, do_sample, temperature, top_k, top_p, repetition_penalty)
         ids = self.encode(prompt, chat=chat)
         check_context(self._context, len(ids), max_new_tokens)
         # Measured (on first use) once the request is known good, before the clock starts.
-        costs = None if fixed_call else self.cost_model
+        sizer.start(self.model)
         stops = eos_ids(self.model) if eos_token_id is _UNSET else as_id_set(eos_token_id)
         stop_ids = as_id_set(stop_token_ids, "stop_token_ids")
         mb = self.multi_branch if multi_branch is None else check_bool("multi_branch", multi_branch)
@@ -255,23 +219,24 @@ class LookaheadGenerator:
             request = Request(
                 rid, ids, max_new_tokens, cfg, seed, stops, stop_ids, text, on_tokens, mb, stats
             )
-            out, reason = self._run(request, (budget, max_budget), costs)
+            out, reason = self._run(request, sizer)
         finally:
             self.cache.finish_request(rid)
+            sizer.finish()
         stats.total_s = time.perf_counter() - t_start
         stats.new_tokens = len(out)
         decoded = text.text(out) if text is not None else None
         return GenerationResult(ids=out, text=decoded, finish_reason=reason, stats=stats)
 
     @torch.inference_mode()
-    def _run(self, req: Request, budgets: tuple, costs):
+    def _run(self, req: Request, sizer: Sizer):
         """Prefill, then one step per tree forward until the output ends: propose a tree,
         build its inputs, run the forward, verify, fix the KV cache up, stop or go on."""
         model, dev, stats, perf = self.model, self._device, req.stats, time.perf_counter
         t0 = perf()
         kv = new_cache(model)
-        base_budget, budget = budgets  # `budget`: the widest a step may draft
-        check_cache_layers(kv, len(req.ids) + req.max_new + budget + 1)
+        widest = sizer.max_nodes
+        check_cache_layers(kv, len(req.ids) + req.max_new + widest + 1)
         seq_len = len(req.ids) - 1
         if self._recycle_k:
             prefill(model, kv, req.ids, self._prefill_kw, (self.cache, req.rid, self._recycle_k))
@@ -279,31 +244,24 @@ class LookaheadGenerator:
             prefill(model, kv, req.ids, self._prefill_kw)
         stats.prefill_s = perf() - t0
 
-        inputs = TreeInputs(budget + 1, dev, self._dtype if self._additive_mask else None)
+        inputs = TreeInputs(widest + 1, dev, self._dtype if self._additive_mask else None)
         acceptance = Acceptance(req.cfg, req.seed, model, req.ids, dev)
-        calibration = self.calibration[req.cfg.do_sample]
+        sampled = req.cfg.do_sample
         out: list = []
         root = req.ids[-1]
-        last = 0  # draft tokens the previous step accepted
+        last = 0  # the sizer's regime value: what the previous step accepted
         while True:
             t1 = perf()
-            modelled = costs.curve(seq_len) if costs is not None else None
-            sizing = None
-            if costs is not None:
-                host_s = self._host_s[req.cfg.do_sample]
-                sizing = self._sizing(calibration, modelled, host_s, last)
-            deep = last >= DEEP_ACCEPT
             prop = propose(
                 self.cache,
                 req.rid,
                 root,
-                budget=budget if deep or costs is not None else base_budget,
+                budget=min(sizer.budget(last), widest),
                 # Draft tokens wanted at most: those still to come, less the bonus token.
                 room=req.max_new - len(out) - 1,
                 multi_branch=req.multi_branch,
                 vocab=self._vocab,
-                min_score=self.min_draft_score,
-                sizing=sizing,
+                cut=lambda s, p, ctx=seq_len, la=last: sizer.cut(s, p, ctx, la, sampled),
             )
             stats.skipped_drafts += prop.skipped
             t2 = perf()
@@ -332,13 +290,22 @@ class LookaheadGenerator:
                     self._recycle_k,
                     self._recycle_tree,
                 )
-            would_accept = None
-            if prop.drafted is not None:  # what each drafted node's score was worth
-                sampled = req.cfg.do_sample
-                would_accept = learn(calibration, prop.drafted, tree.n, verdict, sampled, last)
             t5 = perf()
             keep_path(kv, seq_len, verdict.path, tree.n)
             t6 = perf()
+            last = sizer.observe(
+                Step(
+                    rows=tree.n,
+                    context_len=seq_len,
+                    forward_s=t4 - t3,
+                    host_s=(t3 - t1) + (t6 - t4),
+                    drafted=prop.drafted,
+                    path=verdict.path,
+                    emitted=verdict.emitted,
+                    sampled=sampled,
+                    last=last,
+                )
+            )
 
             start = len(out)
             out.extend(verdict.emitted)
@@ -348,14 +315,6 @@ class LookaheadGenerator:
             kept = len(out) - start
             # Draft tokens cut off with the rest were not output: not counted as accepted.
             stats.record_step(min(verdict.accepted, kept), tree.n - 1, (t1, t2, t3, t4, t5, t6))
-            host = (t3 - t1) + (t6 - t4)
-            self._host_s[req.cfg.do_sample] += HOST_EMA * (host - self._host_s[req.cfg.do_sample])
-            if costs is not None:
-                self._correction.observe(tree.n, t4 - t3, modelled)
-            # The next step's regime: in greedy decoding what this draft would have accepted
-            # one level past the verified nodes, so that not drafting does not look like
-            # failing; when sampling what it did accept (a skipped draft counts as 0).
-            last = verdict.accepted if would_accept is None else would_accept
 
             if req.on_tokens is not None and kept:
                 text = req.text
@@ -369,23 +328,50 @@ class LookaheadGenerator:
             acceptance.emitted(verdict.emitted)
             seq_len += len(verdict.path)
 
-    def _sizing(self, calibration, modelled, host_s: float, last: int):
-        """The cost-aware choice of a step: drafted nodes' (scores, parents) -> how many."""
 
-        def sizing(scores, parents):
-            expected = calibration.expected(scores, parents, last)
-            return choose_nodes(expected, self._correction.apply(modelled), host_s)
+def _sizer(sizer, budget, max_budget, min_draft_score, cost_model) -> Sizer:
+    """The generator's sizer from its arguments (see `LookaheadGenerator`)."""
+    shorthands = budget is not None or max_budget is not None or min_draft_score is not None
+    if sizer is not None:
+        if shorthands or cost_model is not _UNSET:
+            raise ValueError(
+                "give sizer= or the shorthands budget / max_budget / min_draft_score / "
+                "cost_model, not both"
+            )
+        if not all(hasattr(sizer, m) for m in ("budget", "cut", "observe", "start", "finish")):
+            raise ValueError(f"sizer must be a lookahead.sizing.Sizer, got {sizer!r}")
+        return sizer
+    if cost_model is _UNSET:
+        cost_model = None if shorthands else "auto"
+    if cost_model is None:
+        return FixedSizer(FIXED_BUDGET if budget is None else budget, max_budget, min_draft_score)
+    from lookahead.costs import CostModel
 
-        return sizing
+    if not (cost_model == "auto" or isinstance(cost_model, CostModel)):
+        raise ValueError(
+            f"cost_model must be 'auto', a lookahead.costs.CostModel or None, got {cost_model!r}"
+        )
+    cap = max_budget if max_budget is not None else budget
+    cap = AUTO_MAX_NODES if cap is None else check_budget("max_budget", cap)
+    return CostAwareSizer(cost_model, max_nodes=cap, min_score=min_draft_score)
 
 
 def generate(model, prompt, tokenizer=None, **kwargs) -> GenerationResult:
     """One-shot lookahead generation (a fresh `LookaheadGenerator`; see its `generate`).
 
-    Generator options (`cache`, `depth`, `budget`, `max_budget`, `min_draft_score`,
-    `cost_model`, `recycle`) are taken from `kwargs` too.
+    Generator options (`cache`, `depth`, `sizer`, `budget`, `max_budget`,
+    `min_draft_score`, `cost_model`, `recycle`) are taken from `kwargs` too.
     """
     # `budget` too: given to `generate` it would be a fixed width, ignoring `max_budget`.
-    opts = ("cache", "depth", "budget", "max_budget", "min_draft_score", "cost_model", "recycle")
+    opts = (
+        "cache",
+        "depth",
+        "sizer",
+        "budget",
+        "max_budget",
+        "min_draft_score",
+        "cost_model",
+        "recycle",
+    )
     gen_kw = {k: kwargs.pop(k) for k in opts if k in kwargs}
     return LookaheadGenerator(model, tokenizer, **gen_kw).generate(prompt, **kwargs)

@@ -3,7 +3,6 @@ settings (as HF `generate` reads them), the model's context, and the id sets tha
 
 from __future__ import annotations
 
-import math
 import operator
 import warnings
 from collections.abc import Sequence
@@ -78,15 +77,6 @@ def context_length(model, tokenizer=None) -> int | None:
         return int(n)
     m = getattr(tokenizer, "model_max_length", None)
     return int(m) if is_int(m) and 0 < m < _UNSET_MAX_LENGTH else None
-
-
-def check_budget(name: str, v) -> int:
-    """`v` as a draft budget: an int in [0, MAX_BUDGET] (bools and floats refused)."""
-    from lookahead._core import MAX_BUDGET
-
-    if not is_int(v) or not 0 <= v <= MAX_BUDGET:
-        raise ValueError(f"{name} must be an int in [0, {MAX_BUDGET}], got {v!r}")
-    return int(v)
 
 
 def check_bool(name: str, v) -> bool:
@@ -253,19 +243,6 @@ def check_call(max_new_tokens, stop_strings, seed, on_tokens, tokenizer) -> list
     return list(stop_strings)
 
 
-def check_min_score(v) -> float:
-    """`min_draft_score` as a float (None: 0)."""
-    if v is None:
-        v = 0.0
-    if (
-        isinstance(v, bool)
-        or not isinstance(v, (int, float, np.integer, np.floating))
-        or not 0 <= v < math.inf
-    ):
-        raise ValueError(f"min_draft_score must be a finite number >= 0, got {v!r}")
-    return float(v)
-
-
 def eos_ids(model) -> set:
     """The EOS ids of the model's generation config (none when it has none)."""
     gc = getattr(model, "generation_config", None)
@@ -281,13 +258,3 @@ def attention(model) -> str:
             "attn_implementation='sdpa' (default) or 'eager' (they take a custom 4-D mask)"
         )
     return attn
-
-
-def check_cost_model(cost_model) -> None:
-    """Refuse a `cost_model` that is not "auto", a `CostModel` or None."""
-    from lookahead.costs import CostModel
-
-    if not (cost_model is None or cost_model == "auto" or isinstance(cost_model, CostModel)):
-        raise ValueError(
-            f"cost_model must be 'auto', a lookahead.costs.CostModel or None, got {cost_model!r}"
-        )

@@ -1,5 +1,5 @@
 """Draft proposal: the cache's best-first tree for this step, pruned to what the model can
-embed and the output has room for, then cut to the prefix that pays for its rows."""
+embed and the output has room for, then cut to the prefix the sizer says pays for its rows."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ class Proposal:
     tokens: np.ndarray
     parents: np.ndarray
     scores: np.ndarray | None  # None: no draft (the root alone)
-    drafted: tuple | None  # (tokens, parents, scores) before the cost-aware cut, if one ran
-    skipped: int  # drafts dropped as unlikely to pay (0 or 1 each way)
+    drafted: tuple | None  # (tokens, parents, scores) before the sizer's cut; None: no draft
+    skipped: int  # 1 when the sizer dropped a draft for the root alone
 
 
 def prune(tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray, vocab: int, depth: int):
@@ -47,13 +47,12 @@ def propose(
     room: int,
     multi_branch: bool,
     vocab: int,
-    min_score: float,
-    sizing: Callable[[np.ndarray, np.ndarray], int] | None = None,
+    cut: Callable[[np.ndarray, np.ndarray], int] | None = None,
 ) -> Proposal:
     """This step's tree: up to `budget` drafted nodes, none deeper than `room` (the draft
-    tokens the output still has room for). `sizing(scores, parents)` of the drafted nodes
-    (root excluded) gives how many of them to keep (the cost-aware choice; None: all). A
-    tree whose path scores sum below `min_score` is dropped for the root alone."""
+    tokens the output still has room for). `cut(scores, parents)` of the drafted nodes (root
+    excluded) gives how many of them to keep (the sizer's choice, `lookahead.sizing`; 0: the
+    root alone; None: all)."""
     if budget <= 0 or room <= 0:  # plain decoding through the same path
         return Proposal(np.array([root], dtype=np.int64), ROOT_PARENTS, None, None, 0)
     d = cache.draft(rid, budget=budget, multi_branch=multi_branch)
@@ -61,16 +60,10 @@ def propose(
     if len(tokens) > 1 and (room < budget or int(tokens.view(np.uint32)[1:].max()) >= vocab):
         # Nodes deeper than `room` would be verified for nothing.
         tokens, parents, scores = prune(tokens, parents, scores, vocab, room)
-    drafted, skipped = None, 0
-    if sizing is not None and len(tokens) > 1:
-        # Best-first order: every prefix is a tree, and the likeliest one.
-        drafted = (tokens, parents, scores)
-        k = sizing(scores[1:], parents[1:])
-        if k == 0:
-            skipped += 1
-        tokens, parents, scores = (x[: k + 1] for x in drafted)
-    if len(tokens) > 1 and float(scores[1:].sum()) < min_score:
-        # Too unlikely to pay for the extra rows: verify the root alone.
-        parents, tokens = parents[:1], tokens[:1]
-        skipped += 1
-    return Proposal(tokens, parents, scores, drafted, skipped)
+    if len(tokens) <= 1:
+        return Proposal(tokens, parents, scores, None, 0)
+    # Best-first order: every prefix is a tree, and the likeliest one.
+    drafted = (tokens, parents, scores)
+    k = len(tokens) - 1 if cut is None else int(cut(scores[1:], parents[1:]))
+    tokens, parents, scores = (x[: k + 1] for x in drafted)
+    return Proposal(tokens, parents, scores, drafted, int(k == 0))

@@ -1,0 +1,124 @@
+"""What verify forwards cost on this machine, learnt from the forwards the engine runs.
+
+Every verify forward is a measurement: it ran `rows` rows over `context_len` cached tokens in
+so many seconds. `LearnedCosts` keeps, per context band (`BAND_EDGES`) and per row count, the
+last `WINDOW` measurements as ratios to a prior curve (the start-up measurement of
+`lookahead.costs`) and reads a forward's cost as the prior times the *median* of those
+ratios: on a 2-core VM a forward can take 2x its usual time for a minute, or 10x once when a
+neighbour wakes, and a median over 15 steps moves with neither. A row count not measured in
+a band borrows the ratio of the measured row counts around it (interpolated in rows), or of
+all bands when its band has none; the prior alone stands where nothing was measured. No
+row count is read cheaper than one row.
+
+So a prior with the wrong shape (measured on a busy machine, or on a first run whose thread
+pools were cold) is corrected where the engine drafts, within `WINDOW` steps, and what was
+learnt is folded back into a `CostModel` (`as_cost_model`) that the next run starts from.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+
+import numpy as np
+
+from lookahead.costs import CostModel
+
+# Context bands (cached tokens) measured apart: attention's share of a forward grows with
+# the context, so one band's ratios say little of another's far away.
+BAND_EDGES = (0, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+# Measurements kept per (band, rows): the median of this many.
+WINDOW = 15
+# The prior counts as this many measurements of ratio 1 (log-ratio 0): one or two forwards
+# move the estimate part of the way, a full window nearly all of it.
+PRIOR_COUNT = 2.0
+
+
+class LearnedCosts:
+    """Forward seconds by rows and context, learnt from measured forwards around `prior`."""
+
+    def __init__(self, prior: CostModel, window: int = WINDOW):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window!r}")
+        self.prior = prior
+        self.max_rows = prior.widths[-1]
+        self.window = int(window)
+        self.count = 0  # forwards measured in all
+        self._obs: dict = {}  # (band, rows) -> deque of log(measured / prior)
+        self._ratios: dict = {}  # band -> log-ratio by rows (cached until a new measurement)
+        self._curves: dict = {}  # 16-token bucket -> curve (cached until a new measurement)
+
+    @staticmethod
+    def band(context_len: int) -> int:
+        """The context band of `context_len` cached tokens."""
+        return bisect.bisect_right(BAND_EDGES, max(int(context_len), 0)) - 1
+
+    def observe(self, rows: int, context_len: int, seconds: float) -> None:
+        """One forward of `rows` rows over `context_len` cached tokens took `seconds`
+        (ignored when the prior does not reach `rows`, or `seconds` is not a positive time)."""
+        if not 1 <= rows <= self.max_rows or not (0.0 < seconds < math.inf):
+            return
+        modelled = float(self.prior.curve(context_len)[rows])
+        key = (self.band(context_len), int(rows))
+        got = self._obs.get(key)
+        if got is None:
+            got = self._obs[key] = deque(maxlen=self.window)
+        got.append(math.log(seconds / modelled))
+        self.count += 1
+        self._ratios.clear()
+        self._curves.clear()
+
+    def measured(self, context_len: int) -> dict:
+        """{rows: (median seconds, forwards)} measured in `context_len`'s band."""
+        b = self.band(context_len)
+        curve = self.prior.curve(context_len)
+        return {
+            r: (float(curve[r] * math.exp(float(np.median(v)))), len(v))
+            for (band, r), v in sorted(self._obs.items())
+            if band == b
+        }
+
+    def _log_ratios(self, band: int) -> np.ndarray:
+        got = self._ratios.get(band)
+        if got is not None:
+            return got
+        mine = {r: v for (b, r), v in self._obs.items() if b == band}
+        if not mine:  # nothing in this band: what all bands say, row count by row count
+            pooled: dict = {}
+            for (_, r), v in self._obs.items():
+                pooled.setdefault(r, []).extend(v)
+            mine = pooled
+        rows = np.arange(self.max_rows + 1)
+        if mine:
+            at = sorted(mine)
+            shrunk = [
+                float(np.median(mine[r])) * len(mine[r]) / (len(mine[r]) + PRIOR_COUNT) for r in at
+            ]
+            got = np.interp(rows, at, shrunk)
+        else:
+            got = np.zeros(len(rows))
+        self._ratios[band] = got
+        return got
+
+    def curve(self, context_len: int) -> np.ndarray:
+        """Seconds of a forward of r rows over `context_len` cached tokens at index r (index
+        0 unused), up to the prior's widest row: the prior corrected by what was measured, no
+        row count cheaper than one row (`lookahead.cost_checks`: wider need not be dearer)."""
+        bucket = max(int(context_len), 0) // 16 * 16
+        got = self._curves.get(bucket)
+        if got is not None:
+            return got
+        out = self.prior.curve(bucket) * np.exp(self._log_ratios(self.band(bucket)))
+        out[2:] = np.maximum(out[2:], out[1])
+        out[0] = math.nan
+        if len(self._curves) < 4096:
+            self._curves[bucket] = out
+        return out
+
+    def as_cost_model(self) -> CostModel:
+        """The prior's grid (its widths and contexts, its key) read off the learnt curves:
+        what a later run should start from."""
+        p = self.prior
+        secs = tuple(tuple(float(self.curve(c)[w]) for w in p.widths) for c in p.contexts)
+        return CostModel(p.widths, p.contexts, secs, dict(p.key))
