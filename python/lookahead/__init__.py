@@ -51,7 +51,7 @@ __all__ = [
 
 
 # Submodules reachable as attributes after a bare `import lookahead` (imported on first use).
-_SUBMODULES = ("hf", "models", "kernels")
+_SUBMODULES = ("hf", "models", "kernels", "sizing")
 # Modules that moved, refused with their new place for one release.
 _MOVED = {
     "engine": "lookahead.hf",
