@@ -62,7 +62,10 @@ bench-gpu:  ## time the Triton kernels on a CUDA GPU (table + benchmarks/out/gpu
 .PHONY: peers
 peers:  ## install the benchmark peers (SGLang NGRAM corpus, SuffixDecoding, numba) without touching torch/transformers
 	$(PIP) install nanobind==3.1.0 ninja==1.13.2 cmake==4.4.5
-	$(PIP) install --no-deps --no-build-isolation -r requirements/peers.txt
+	# The builds call cmake and ninja by name: from PY's own scripts folder, so that a venv's
+	# python works without the venv activated.
+	PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" \
+		$(PIP) install --no-deps --no-build-isolation -r requirements/peers.txt
 
 .PHONY: bench-accept
 bench-accept:  ## acceptance simulator over the recorded traces (B = 8, 16, 32)
