@@ -97,7 +97,7 @@ class Ours:
         t = time.perf_counter_ns()
         self.d.finish(self.gone)
         roots = self.d.sync(reqs)
-        tokens, parents = self.d.draft([r.rid for r in reqs], roots)  # as the worker calls it
+        tokens, parents, _, _ = self.d.draft([r.rid for r in reqs], roots)  # as the worker calls it
         ns = time.perf_counter_ns() - t
         trees = [(tk[1:].tolist(), (pa[1:] - 1).tolist()) for tk, pa in zip(tokens, parents)]
         return ns, trees

@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from lookahead import costs, sizing
+from lookahead import batch_sizing, costs, sizing
 from lookahead.cost_checks import clip_plausible, implausible
 from lookahead.costs import CostModel, load_or_measure
 from lookahead.hf import LookaheadGenerator
@@ -202,3 +202,101 @@ def test_every_sizer_gives_plain_greedy_output():
         gen = LookaheadGenerator(model, sizer=sizer)
         for ids, ref in zip(prompts, refs):
             assert gen.generate(ids, max_new_tokens=40, eos_token_id=None).ids == ref, sizer
+
+
+# -- the serving sizer (one width per batch) --------------------------------------------
+N = 8
+
+
+def chain_batch(bs: int, score: float = 0.9):
+    """`bs` chain drafts of N nodes, root first: tokens 10.., each node's path score
+    `score ** depth`."""
+    depth = np.arange(N)
+    tokens = np.tile(10 + depth, (bs, 1)).astype(np.int32)
+    parents = np.tile(depth - 1, (bs, 1)).astype(np.int32)
+    scores = np.tile(score**depth, (bs, 1)).astype(np.float32)
+    return tokens, parents, scores, np.full(bs, N, dtype=np.int32)
+
+
+def serve(sizer, forward_s, accepts, bs=4, steps=160, noise=None):
+    """Runs `steps` batched steps: each request accepts `accepts` of its chain (capped by
+    the step's width) and a forward of r rows takes `forward_s(r)` seconds (times
+    `noise(step)`). Returns the widths chosen, step by step, and whether each explored."""
+    tokens, parents, scores, nodes = chain_batch(bs)
+    rids = [f"r{i}" for i in range(bs)]
+    widths, explored = [], []
+    for step in range(steps):
+        before = sizer.explored
+        w = sizer.width(rids, tokens, parents, scores, nodes, 300, [False] * bs)
+        widths.append(w)
+        explored.append(sizer.explored > before)
+        acc = min(accepts, w - 1)
+        emitted = [tokens[b, 1 : 1 + acc].tolist() + [99] for b in range(bs)]
+        t = forward_s(bs * w) * (noise(step) if noise else 1.0)
+        sizer.observe(t, 0.001, emitted)
+    return widths, explored
+
+
+def settled(widths, explored, last=60):
+    chosen = [w for w, e in zip(widths[-last:], explored[-last:]) if not e]
+    return max(set(chosen), key=chosen.count)
+
+
+def test_accepted_path_follows_the_emitted_tokens_through_a_tree():
+    # root 0 -> 1 (a) -> 3 (c); root -> 2 (b) -> 4 (d); 5: another child of 1 carrying d
+    tokens = [7, 21, 22, 23, 24, 24]
+    parents = [-1, 0, 0, 1, 2, 1]
+    assert batch_sizing.accepted_path(tokens, parents, 6, [22, 24, 5]) == [0, 2, 4]
+    assert batch_sizing.accepted_path(tokens, parents, 6, [21, 24, 5]) == [0, 1, 5]
+    assert batch_sizing.accepted_path(tokens, parents, 4, [22, 24, 5]) == [0, 2]  # 4 not verified
+    assert batch_sizing.accepted_path(tokens, parents, 6, [30]) == [0]  # the bonus alone
+
+
+def test_serving_sizer_widens_where_rows_are_cheap_and_drafts_land():
+    sizer = batch_sizing.BatchSizer(N)
+    widths, explored = serve(sizer, lambda r: 0.05 + 0.0005 * r, accepts=6)
+    assert settled(widths, explored) == N
+
+
+def test_serving_sizer_verifies_the_root_alone_where_rows_are_dear_and_drafts_miss():
+    sizer = batch_sizing.BatchSizer(N)
+    widths, explored = serve(sizer, lambda r: 0.02 * r, accepts=0)
+    assert settled(widths, explored) == 1
+    # It explores, but at most one step in EXPLORE_EVERY.
+    assert 0 < sum(explored) <= len(widths) // batch_sizing.EXPLORE_EVERY
+
+
+def test_serving_sizer_finds_the_width_the_machine_pays_for():
+    # Rows are free up to 8 per forward, then dear: with 4 requests that is width 2, although
+    # every draft would be accepted whole and the prior prices 8 rows at 1.7x one row.
+    sizer = batch_sizing.BatchSizer(N)
+    widths, explored = serve(sizer, lambda r: 0.05 if r <= 8 else 0.05 * r / 4, accepts=7)
+    assert settled(widths, explored) == 2
+
+
+def test_serving_sizer_ignores_a_noisy_neighbour():
+    # One forward in 10 takes 10x: the choice of width does not move.
+    sizer = batch_sizing.BatchSizer(N)
+    widths, explored = serve(
+        sizer,
+        lambda r: 0.02 * r,
+        accepts=0,
+        noise=lambda step: 10.0 if step % 10 == 3 else 1.0,
+    )
+    assert settled(widths, explored) == 1
+
+
+def test_serving_sizer_caps_the_rows_and_forgets_departed_requests():
+    sizer = batch_sizing.BatchSizer(N, explore_every=0)
+    bs = batch_sizing.BATCH_MAX_ROWS // 2 + 1  # two rows each would pass the widest priced forward
+    tokens, parents, scores, nodes = chain_batch(bs, score=1.0)
+    rids = list(range(bs))
+    assert sizer.width(rids, tokens, parents, scores, nodes, 100, [True] * bs) == 1
+    sizer.observe(0.1, 0.0, [[5]] * bs)
+    assert len(sizer._last) == bs
+    sizer.forget(rids)
+    assert sizer._last == {}
+    with pytest.raises(ValueError, match="max_width"):
+        batch_sizing.BatchSizer(0)
+    with pytest.raises(ValueError, match="explore_every"):
+        batch_sizing.BatchSizer(4, explore_every=-1)

@@ -91,7 +91,9 @@ class CostModel:
     def curve(self, context_len: int) -> np.ndarray:
         """Seconds of a forward of r rows over `context_len` cached tokens, at index r
         (index 0 unused), for r up to the widest measured; linear between widths."""
-        bucket = max(int(context_len), 0) // 16 * 16  # curves differ little within 16 tokens
+        # Curves differ little within 16 tokens; a curve measured at one context is the same
+        # at every context (one cached array, however many contexts are asked for).
+        bucket = 0 if len(self.contexts) == 1 else max(int(context_len), 0) // 16 * 16
         got = self._curves.get(bucket)
         if got is not None:
             return got

@@ -16,9 +16,11 @@ forward cost and what it accepted. Two policies implement it:
   `LookaheadGenerator(budget=...)` builds one.
 
 Both drop a draft whose path scores sum below `min_score` for the root alone. The HF engine
-(`lookahead.hf.generator`) and the SGLang plugin on CPU (`lookahead.sglang.worker`, through
-`choose_width`) size their steps here (HF transformers keeps its draft-length policy in one
-object the same way: `candidate_generator.py`'s `update_candidate_strategy`).
+(`lookahead.hf.generator`) sizes its steps with one of them. A batched server verifies one
+width for the whole batch: `lookahead.batch_sizing.BatchSizer` chooses it by the same
+expected-tokens-per-second rule from the same learnt parts (the SGLang plugin on CPU). HF
+transformers keeps its draft-length policy in one object the same way
+(`candidate_generator.py`'s `update_candidate_strategy`).
 """
 
 from __future__ import annotations

@@ -195,11 +195,12 @@ def test_background_indexing_follows_the_model_ranks(plugins_loaded, monkeypatch
     assert auto.for_ranks(1).background_indexing is True
     assert auto.for_ranks(2).background_indexing is False  # ranks must draft alike
     on = config('{"background_indexing": true}')
-    assert on.for_ranks(1) is on
+    assert on.for_ranks(1) == on
+    assert auto.for_ranks(1).sized_by_cost and not auto.for_ranks(2).sized_by_cost
     with pytest.raises(LookaheadConfigError, match="background_indexing true with 4 model ranks"):
         on.for_ranks(4)
     off = config('{"background_indexing": false}')
-    assert off.for_ranks(8) is off
+    assert off.for_ranks(8).background_indexing is False
 
 
 def test_rank_and_corpus_refusals_come_at_start_up(plugins_loaded, monkeypatch):

@@ -64,9 +64,9 @@ def plain(llama_dir, logs):
 
 @pytest.fixture(scope="module")
 def lookahead(llama_dir, logs):
-    # 16 verify rows: a batch of 3+ requests narrows its steps whatever SGLang's admission
-    # timing (at the default 64 it takes 9+ decoding at once, which 16 clients do not ensure)
-    config = {"stats_interval_s": 0.2, "max_verify_rows": 16}
+    # The default: each CPU step's width chosen by the sizer from the measured forwards
+    # (the `small` server below runs the fixed rule, `max_verify_rows`).
+    config = {"stats_interval_s": 0.2}
     env = {"LOOKAHEAD_CONFIG": json.dumps(config)}
     with CpuServer(llama_dir, LOOKAHEAD, logs / "lookahead.log", env=env) as s:
         yield s
@@ -136,14 +136,11 @@ def test_concurrent_requests_equal_no_speculation(lookahead, reference, concurre
         outs = list(pool.map(lambda p: lookahead.generate(p, max_new_tokens=64), prompts))
     for p, out in zip(prompts, outs):
         assert out["output_ids"] == reference(p, max_new_tokens=64)["output_ids"], p
-    if concurrency < 9:
-        # At 9+ decoding at once the fixture's 16 verify rows leave each request its root
-        # alone (no drafts), and 16 clients may well all decode together: acceptance is only
-        # ensured below that (4 clients: 4 rows each, 3 drafted tokens).
-        assert sum(accepted(o["meta_info"]) for o in outs) > 0
-    if concurrency == 16:  # from 3 requests on the CPU steps verify fewer nodes
-        widths = lookahead.stats_lines()[-1]["verify_widths"]
-        assert any(int(w) < WIDTH for w in widths), widths
+    assert sum(accepted(o["meta_info"]) for o in outs) > 0
+    if concurrency == 16:  # the sizer chose the widths, and tried more than one
+        stats = lookahead.stats_lines()[-1]
+        assert stats["sizer"]["steps"] > 0 and stats["sizer"]["measured_ms"], stats
+        assert len(stats["verify_widths"]) > 1, stats
 
 
 def test_a_4k_token_prompt(lookahead, reference):
@@ -369,7 +366,11 @@ def test_qwen2_outputs_equal_no_speculation(tmp_path_factory, logs):
     path = save_tiny_model(tmp_path_factory.mktemp("qwen2"), "qwen2", seed=3)
     with CpuServer(path, [], logs / "qwen_plain.log") as base:
         want = [base.generate(p, max_new_tokens=64)["output_ids"] for p in PROMPTS[:4]]
-    with CpuServer(path, LOOKAHEAD, logs / "qwen_lookahead.log") as server:
+    # Every step at full width: this random model repeats itself too rarely for the sizer to
+    # keep verifying drafts (it learns they miss and verifies the root alone), and the test
+    # must see drafts accepted.
+    env = {"LOOKAHEAD_CONFIG": json.dumps({"max_verify_rows": 64})}
+    with CpuServer(path, LOOKAHEAD, logs / "qwen_lookahead.log", env=env) as server:
         outs = [server.generate(p, max_new_tokens=64) for p in PROMPTS[:4]]
     assert [o["output_ids"] for o in outs] == want
     assert sum(accepted(o["meta_info"]) for o in outs) > 0

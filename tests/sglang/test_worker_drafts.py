@@ -148,7 +148,7 @@ def test_both_mask_layouts_match_ngrams(plugins_loaded, full_mask):
 
     worker = make_worker(width=8)
     batch = branchy_batch()
-    tokens, parents = worker._prepare_draft_tokens(batch)
+    tokens, parents, _, _ = worker._prepare_draft_tokens(batch)
     vt = build_verify_tensors(
         tokens, parents, batch.seq_lens, batch.seq_lens_sum, full_mask=full_mask
     )
@@ -230,11 +230,11 @@ def test_outputs_stream_and_departed_requests_finish(plugins_loaded):
     cache = worker.drafter.cache
     prompt = [1, 2, 3, 4, 9, 1, 2]
     req = make_req("s", prompt, [3])
-    tokens, _ = worker._prepare_draft_tokens(make_batch([req]))
+    tokens = worker._prepare_draft_tokens(make_batch([req])).tokens
     assert tokens[0, :2].tolist() == [3, 4]
     assert cache.stats()["live_requests"] == 1
     req.output_ids.extend([4, 9])  # verified since the last step: root moves to 9
-    tokens, _ = worker._prepare_draft_tokens(make_batch([req]))
+    tokens = worker._prepare_draft_tokens(make_batch([req])).tokens
     assert tokens[0, :3].tolist() == [9, 1, 2]
     assert worker.drafter._ctx_len["s"] == len(prompt) + 3
     # NGRAMWorker's verify path reports departed rids through ngram_corpus.erase_match_state.
@@ -255,10 +255,10 @@ def test_overlap_mode_splices_pending_tokens_once(plugins_loaded):
         buf[: len(pending)] = torch.tensor(pending)
         return SimpleNamespace(accept_tokens=buf, accept_lens=torch.tensor([len(pending)]))
 
-    tokens, _ = worker._prepare_draft_tokens(make_batch([req], relay([4, 5])))
+    tokens = worker._prepare_draft_tokens(make_batch([req], relay([4, 5]))).tokens
     assert tokens[0, :3].tolist() == [5, 6, 7]
     req.output_ids.extend([4, 5])  # the scheduler appends them one step late
-    tokens, _ = worker._prepare_draft_tokens(make_batch([req], relay([6])))
+    tokens = worker._prepare_draft_tokens(make_batch([req], relay([6]))).tokens
     assert tokens[0, :3].tolist() == [6, 7, 1]
     assert worker.drafter._ctx_len["o"] == len(prompt) + 4  # nothing counted twice
     assert worker.prev_accept_lens == [1]
@@ -281,7 +281,7 @@ def test_overlap_relay_already_in_output_ids_is_not_counted_again(plugins_loaded
         return SimpleNamespace(accept_tokens=buf, accept_lens=torch.tensor([len(toks)]))
 
     def decode(row, fresh, emitted):
-        tokens, _ = worker._prepare_draft_tokens(make_batch([req], relay(row), [fresh]))
+        tokens = worker._prepare_draft_tokens(make_batch([req], relay(row), [fresh])).tokens
         assert tokens[0, 0] == ctx[-1]
         assert worker.drafter._ctx_len["a"] == len(ctx)
         ctx.extend(emitted)
@@ -300,7 +300,7 @@ def test_a_tree_from_a_wrong_context_gets_the_right_root_and_restarts(plugins_lo
     roots = drafter.sync([req])
     assert roots.tolist() == [9]
     drafter.cache.extend("r", [42])  # the cache's context diverges from SGLang's
-    tokens, _ = drafter.draft(["r"], roots)
+    tokens = drafter.draft(["r"], roots).tokens
     assert tokens[0, 0] == 9  # verify feeds the true last token: still exact
     before = _history_score_after(drafter, 8)
     drafter.sync([req])
@@ -318,7 +318,7 @@ def test_namespaces_isolate_tenants(plugins_loaded):
     worker._prepare_draft_tokens(make_batch([writer]))
     same = make_req("x", [9, 9], [70], extra_key="t1")
     other = make_req("y", [9, 9], [70], extra_key="t2")
-    tokens, _ = worker._prepare_draft_tokens(make_batch([same, other]))
+    tokens = worker._prepare_draft_tokens(make_batch([same, other])).tokens
     assert tokens[0, 1:3].tolist() == [71, 72]  # t1 drafts from t1's outputs
     assert (tokens[1, 1:] == 0).all()  # t2 never sees them
     assert worker.drafter.namespace_of(same) != worker.drafter.namespace_of(other)
@@ -347,7 +347,7 @@ def test_prefill_batches_are_left_alone(plugins_loaded):
 def test_synchronous_indexing_for_multi_rank_drafts(plugins_loaded):
     worker = make_worker(width=6, breadth=1, background_indexing=False)
     assert worker.drafter.cache.config["background_indexing"] is False
-    tokens, _ = worker._prepare_draft_tokens(make_batch([make_req("m", [1, 2, 3, 1, 2], [3])]))
+    tokens = worker._prepare_draft_tokens(make_batch([make_req("m", [1, 2, 3, 1, 2], [3])])).tokens
     assert tokens[0, :2].tolist() == [3, 1]
 
 
@@ -462,7 +462,7 @@ def test_a_relay_shorter_than_sglangs_length_warns_and_drafts_on(plugins_loaded,
     buf[0] = 6
     relay = SimpleNamespace(accept_tokens=buf, accept_lens=torch.tensor([1]))
     with caplog.at_level("WARNING"):
-        tokens, _ = worker._prepare_draft_tokens(make_batch([req], relay, [3]))
+        tokens = worker._prepare_draft_tokens(make_batch([req], relay, [3])).tokens
     assert "the overlap relay only 1" in caplog.text
     assert tokens[0, 0] == 6  # the row is used whole; no crash of the scheduler
 
@@ -512,11 +512,11 @@ def test_request_namespaces_share_nothing_and_keep_no_history(plugins_loaded):
     writer = make_req("w", [1, 2], [3, 70, 71, 72, 73])
     worker._prepare_draft_tokens(make_batch([writer]))
     reader = make_req("r", [9, 9], [70])
-    tokens, _ = worker._prepare_draft_tokens(make_batch([writer, reader]))
+    tokens = worker._prepare_draft_tokens(make_batch([writer, reader])).tokens
     assert (tokens[1, 1:] == 0).all()  # never drafts from another request's outputs
     assert tokens[0, :1].tolist() == [73]
     writer.output_ids.extend([1, 2, 3])
-    tokens, _ = worker._prepare_draft_tokens(make_batch([writer, reader]))
+    tokens = worker._prepare_draft_tokens(make_batch([writer, reader])).tokens
     assert tokens[0, 1:3].tolist() == [70, 71]  # but from its own outputs
     worker.drafter.finish(["w", "r"])
     # No shared history (and no namespace per request) outlives the requests.
@@ -534,8 +534,11 @@ def test_cpu_steps_narrow_only_where_proven(plugins_loaded):
         fields.update(kw)
         return SimpleNamespace(forward_mode=ForwardMode.DECODE, reqs=[None] * bs, **fields)
 
-    worker = make_worker(width=8)  # CPU, the tree backend, default cap 64 rows
-    assert [worker._step_width(batch(bs)) for bs in (1, 8, 9, 16, 64, 65)] == [8, 8, 7, 4, 1, 1]
+    rule = make_worker(width=8, max_verify_rows=64)  # CPU, the tree backend, 64 rows
+    assert [rule._step_width(batch(bs)) for bs in (1, 8, 9, 16, 64, 65)] == [8, 8, 7, 4, 1, 1]
+    worker = make_worker(width=8)  # the default: the sizer chooses after drafting
+    assert worker.sizer is not None and rule.sizer is None
+    assert [worker._step_width(batch(bs)) for bs in (1, 16, 65)] == [None, None, None]
     assert worker._step_width(batch(16, return_logprob=True)) == 8
     assert worker._step_width(batch(16, return_hidden_states=True)) == 8
     extend = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[None] * 16)
@@ -555,14 +558,37 @@ def test_cpu_steps_narrow_only_where_proven(plugins_loaded):
 
 
 def test_a_narrow_steps_tokens_are_padded_back_to_n(plugins_loaded):
+    from lookahead.sglang.verify import pad_to_width
+
     worker = make_worker(width=4)
     ids = torch.tensor([5, 6, 7, 8, 9, 10])  # 3 requests at width 2
     relay = SimpleNamespace(
         new_seq_lens=torch.tensor([3, 4, 5]), accept_lens=torch.tensor([2, 1, 2])
     )
     result = SimpleNamespace(next_token_ids=ids, next_draft_input=relay)
-    worker._pad_result(result, bs=3, width=2)
+    pad_to_width(result, bs=3, width=2, full=worker.config.width)
     assert result.next_token_ids.tolist() == [5, 6, 0, 0, 7, 8, 0, 0, 9, 10, 0, 0]
     nxt = result.next_draft_input
     assert nxt.draft_token_num == 4 and nxt.accept_tokens is result.next_token_ids
     assert nxt.accept_lens.tolist() == [2, 1, 2] and nxt.new_seq_lens.tolist() == [3, 4, 5]
+
+
+def test_the_sizer_sets_a_cpu_steps_width_after_drafting(plugins_loaded):
+    """Where `_step_width` leaves the width to the sizer, the drafts are cut to its choice:
+    with forwards that cost their rows and drafts that never land, the root alone."""
+    worker = make_worker(width=8, breadth=1)
+    req = make_req("r", [5, 6, 7, 8, 9, 10, 11, 12] * 4, [5])
+    req.sampling_params.top_k = 1  # greedy, as SGLang makes temperature 0
+    widths = []
+    for step in range(48):
+        worker._fixed_width = None  # as forward_batch_generation leaves a narrow CPU step
+        worker.draft_token_num = worker.config.width
+        tokens, parents, vt = worker._build_verify_tensors(make_batch([req]))
+        w = worker.draft_token_num
+        assert tokens.shape == (1, w) and vt.draft_tokens.shape == (w,)
+        assert parents[0, 0] == -1 and (parents[0, 1:] < np.arange(1, w)).all()
+        widths.append(w)
+        worker.sizer.observe(0.01 * w, 0.001, [[900 + step]])  # the target goes its own way
+        req.output_ids.append(900 + step)
+    assert widths[0] > 1  # a fresh sizer trusts the drafts' scores
+    assert widths[-8:].count(1) >= 6, widths  # and learns they do not land

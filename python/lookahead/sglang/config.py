@@ -73,15 +73,17 @@ EXTRA_KEYS: dict[str, Any] = {
     "stats_interval_s": 60.0,
     # CPU only: at most this many rows (requests x verify width) in one verify forward; each
     # step verifies max(1, min(N, max_verify_rows // batch size)) nodes per request, the best
-    # ones. None: DEFAULT_CPU_VERIFY_ROWS on CPU; CUDA verifies N always (its graphs and
+    # ones. None: each step's width is chosen by `lookahead.batch_sizing.BatchSizer` from what this
+    # server's forwards cost and its drafts' scores (with several model ranks, which must
+    # verify alike, DEFAULT_CPU_VERIFY_ROWS instead). CUDA verifies N always (its graphs and
     # overlap relay are built at width N), and refuses a value.
     "max_verify_rows": None,
 }
-# On a 2-core CPU a forward's cost grows about linearly in rows past a few dozen (fp32,
-# SmolLM2-135M: 16 decode rows 236 ms, 128 verify rows 456 ms), so wide trees stop paying
-# as the batch grows. Measured at 16 requests: 16, 32, 64 and 128 rows gave 75.9, 72.8, 79.3
-# and 63.5 tok/s (no speculation 67.7); 64 keeps N = 8 up to 8 requests (BENCHMARKS.md,
-# SGLang serving on CPU).
+# The fixed rule's rows where the sizer cannot be used (several model ranks). On a 2-core
+# CPU a forward's cost grows about linearly in rows past a few dozen (fp32, SmolLM2-135M:
+# 16 decode rows 236 ms, 128 verify rows 456 ms), so wide trees stop paying as the batch
+# grows. Measured at 16 requests: 16, 32, 64 and 128 rows gave 75.9, 72.8, 79.3 and 63.5
+# tok/s (no speculation 67.7); 64 keeps N = 8 up to 8 requests (BENCHMARKS.md §6.2).
 DEFAULT_CPU_VERIFY_ROWS = 64
 
 
@@ -192,11 +194,18 @@ class ServingConfig:
     history_skip: tuple[int, int] | None
     stats_interval_s: float = 60.0
     max_verify_rows: int | None = None
+    model_ranks: int = 1  # TP x PP of the server (`for_ranks`)
+
+    @property
+    def sized_by_cost(self) -> bool:
+        """Whether narrower CPU steps take their width from `lookahead.batch_sizing.BatchSizer`
+        (`max_verify_rows` unset, one model rank) rather than `cpu_verify_width`."""
+        return self.max_verify_rows is None and self.model_ranks == 1
 
     def cpu_verify_width(self, batch_size: int) -> int:
         """Nodes verified per request (root included) in a CPU decode step of `batch_size`
-        requests: N capped by `max_verify_rows` (the worker keeps N wherever it does not
-        narrow steps, CUDA included)."""
+        requests by the fixed rule: N capped by `max_verify_rows` (DEFAULT_CPU_VERIFY_ROWS
+        when unset; the worker keeps N wherever it does not narrow steps, CUDA included)."""
         cap = DEFAULT_CPU_VERIFY_ROWS if self.max_verify_rows is None else self.max_verify_rows
         return max(1, min(self.width, cap // max(1, batch_size)))
 
@@ -304,16 +313,16 @@ class ServingConfig:
         """This config for `ranks` model ranks (TP x PP), each drafting for itself: they
         must all draft alike, and background prompt builds may evict shared history at
         different moments on different ranks, so background indexing is on only with one
-        rank when unset, and refused with several."""
-        if self.background_indexing is None:
-            return dataclasses.replace(self, background_indexing=ranks == 1)
+        rank when unset, and refused with several; and their forwards take different times,
+        so CPU steps are sized by cost only with one rank (`sized_by_cost`)."""
         if self.background_indexing and ranks > 1:
             raise LookaheadConfigError(
                 f"{CONFIG_ENV}: background_indexing true with {ranks} model ranks (TP x PP): "
                 "ranks could draft different trees; leave it unset (off with several ranks) "
                 "or set false"
             )
-        return self
+        background = ranks == 1 if self.background_indexing is None else self.background_indexing
+        return dataclasses.replace(self, background_indexing=background, model_ranks=ranks)
 
     def as_dict(self) -> dict[str, Any]:
         """The config as a plain dict (for logs)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lookahead.cache import LookaheadCache
+from lookahead.cache import BatchDraft, LookaheadCache
 from lookahead.sglang.config import ServingConfig
 
 __all__ = ["LookaheadDrafter"]
@@ -157,12 +157,11 @@ class LookaheadDrafter:
         self._ctx_len.update(totals)
         return roots
 
-    def draft(
-        self, rids: Sequence[Any], roots: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def draft(self, rids: Sequence[Any], roots: np.ndarray | None = None) -> BatchDraft:
         """One `draft_batch` call for the batch; trees padded to the verify width N.
 
-        Returns `tokens`, `parents`: int32 `[len(rids), N]`, node 0 the context's last token.
+        Returns the `BatchDraft`: `tokens`, `parents` int32 `[len(rids), N]` (node 0 the
+        context's last token), their `scores` and `num_nodes` (the real ones, best-first).
         With `roots` (what `sync` returned), a tree whose root is not its request's last
         verified token is a context the cache got wrong: its root is set right (verification
         then stays exact; only its drafts are off) and the request is started again from its
@@ -193,7 +192,7 @@ class LookaheadDrafter:
                 )
                 tokens[wrong, 0] = roots[wrong].astype(np.int32)
                 self._restart.update(rids[int(i)] for i in wrong)
-        return tokens, bd.parents
+        return bd
 
     def hold(self, rid: Any, req: Any) -> None:
         """Keeps a retracted request live while it waits out of the batch: NGRAM's end-of-step

@@ -32,6 +32,8 @@ __all__ = [
     "VerifyTensors",
     "build_verify_tensors",
     "exact_tree_sample",
+    "host_tree",
+    "pad_to_width",
     "takes_exact_path",
     "to_sglang_accept_layout",
 ]
@@ -268,3 +270,32 @@ def exact_tree_sample(
         tp_group.broadcast(num_correct, src=0)
         accept_lens = num_correct + 1
     return predict, accept_lens, accept_index
+
+
+def host_tree(tokens: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """NGRAM's host-side `(mask, req_drafts)` pair of a batch's trees, for SGLang's grammar
+    bitmask."""
+    bs, width = parents.shape
+    p = torch.from_numpy(parents)
+    meta = tree_metadata(
+        p, torch.full((bs,), width, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64)
+    )
+    return meta.mask.reshape(-1).numpy(), tokens.reshape(-1).astype(np.int64)
+
+
+def pad_to_width(result: Any, bs: int, width: int, full: int) -> None:
+    """A step verified at `width` nodes per request, its accepted tokens padded in place to
+    NGRAM's `full` = N per request: the stride the scheduler reads, merges and filters them
+    with (and the overlap relay's)."""
+    ids = result.next_token_ids.view(bs, width)
+    padded = ids.new_zeros((bs, full))
+    padded[:, :width] = ids
+    padded = padded.flatten()
+    result.next_token_ids = padded
+    relay = result.next_draft_input
+    result.next_draft_input = NgramVerifyInput(
+        draft_token_num=full,
+        new_seq_lens=relay.new_seq_lens,
+        accept_tokens=padded,
+        accept_lens=relay.accept_lens,
+    )

@@ -8,7 +8,9 @@ Per decode step (`_prepare_for_speculative_decoding`, on the host before the gra
    not-yet-appended tokens, read exactly as NGRAM reads them) are streamed into the cache;
    a request seen for the first time is started with its whole prompt;
 2. one `draft_batch` call drafts every request's tree, padded to N nodes as NGRAM pads
-   (on CPU a step may verify only each tree's best nodes: `ServingConfig.cpu_verify_width`);
+   (on CPU a step may verify only each tree's best W nodes: W chosen by
+   `lookahead.batch_sizing.BatchSizer` from what this server's forwards cost and what its drafts
+   were worth, or by the fixed rule `ServingConfig.cpu_verify_width`);
 3. one `tree_metadata` and one `build_full_mask` launch build positions, SGLang's
    retrieve arrays and the attention mask for the batch (NGRAM: a tree-mask kernel plus a
    per-request Python loop);
@@ -37,12 +39,19 @@ from sglang.srt.speculative.ngram_worker import (
     prepare_mamba_track_for_verify,
 )
 
-from lookahead.kernels import tree_metadata
+from lookahead.batch_sizing import BatchSizer
+from lookahead.cache import BatchDraft
 from lookahead.sglang import patches
 from lookahead.sglang.config import LookaheadConfigError, ServingConfig, read_env
 from lookahead.sglang.cpu_attention import TREE_SDPA_BACKEND
 from lookahead.sglang.drafter import LookaheadDrafter
-from lookahead.sglang.verify import LookaheadVerifyInput, VerifyTensors, build_verify_tensors
+from lookahead.sglang.verify import (
+    LookaheadVerifyInput,
+    VerifyTensors,
+    build_verify_tensors,
+    host_tree,
+    pad_to_width,
+)
 
 __all__ = ["LookaheadWorker"]
 
@@ -109,6 +118,12 @@ class LookaheadWorker(NGRAMWorker):
         elif attention_backend is not None:
             self._narrow_steps = attention_backend == TREE_SDPA_BACKEND
         self._step_widths: Counter = Counter()
+        # The width of narrower CPU steps by cost (None: the fixed rule), and this step's
+        # width when fixed before drafting (None: the sizer's to choose after drafting).
+        self.sizer = BatchSizer(config.width) if config.sized_by_cost else None
+        self._fixed_width: int | None = config.width
+        self._prepare_s = 0.0  # this step's drafting and tree inputs, seconds
+        self._context = 0  # mean cached tokens of the last sized step
         self.enable_overlap = enable_overlap
         self.draft_token_num = config.width
         self.drafter = LookaheadDrafter(config)
@@ -129,6 +144,8 @@ class LookaheadWorker(NGRAMWorker):
             return
         self._stats_due = time.monotonic() + interval
         stats = {**self.drafter.stats(), "verify_widths": dict(self._step_widths)}
+        if self.sizer is not None:
+            stats["sizer"] = self.sizer.describe(self._context)
         logger.info("lookahead: cache stats %s", json.dumps(stats, sort_keys=True))
 
     # -- drafting ------------------------------------------------------------------------
@@ -143,7 +160,7 @@ class LookaheadWorker(NGRAMWorker):
         `seq_lens_cpu[i] + 1` (the root's KV comes next) minus the padded prompt and
         `output_ids`."""
         bs = len(batch.reqs)
-        stride = self.config.width  # the relay is always N per request (`_pad_result`)
+        stride = self.config.width  # the relay is always N per request (`pad_to_width`)
         if not (self.enable_overlap and not batch.grammar_needs_sync()):
             self.prev_token_ids, self.prev_accept_lens = [], [0] * bs
             return None
@@ -195,12 +212,16 @@ class LookaheadWorker(NGRAMWorker):
                 self.drafter.hold(rid, req)
             else:
                 gone.append(rid)
-        self.drafter.finish(gone + self.drafter.release_held(present))
+        ended = gone + self.drafter.release_held(present)
+        self.drafter.finish(ended)
+        if self.sizer is not None:
+            self.sizer.forget(ended)
         self._prev_reqs = {req.rid: req for req in batch.reqs}
 
-    def _prepare_draft_tokens(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _prepare_draft_tokens(self, batch: Any) -> BatchDraft:
         """Streams new tokens into the cache and drafts the batch: `tokens`, `parents`
-        int32 `[bs, N]` (NGRAM's padding; node 0 = each request's last verified token)."""
+        int32 `[bs, N]` (NGRAM's padding; node 0 = each request's last verified token),
+        their scores and real node counts."""
         self._end_departed(batch)
         pending = self._pending_tokens(batch)
         roots = self.drafter.sync(batch.reqs, pending)
@@ -208,9 +229,13 @@ class LookaheadWorker(NGRAMWorker):
 
     def _build_verify_tensors(self, batch: Any) -> tuple[np.ndarray, np.ndarray, VerifyTensors]:
         """Drafts and builds the verify tensors of a decode batch (no SGLang pools touched),
-        at this step's width `self.draft_token_num`: the first nodes of each tree, which are
-        its best (drafts are best-first, parents before children, so a prefix is a tree)."""
-        tokens, parents = self._prepare_draft_tokens(batch)
+        at this step's width (`self.draft_token_num`, set here when the sizer chooses it):
+        the first nodes of each tree, which are its best (drafts are best-first, parents
+        before children, so a prefix is a tree)."""
+        draft = self._prepare_draft_tokens(batch)
+        tokens, parents = draft.tokens, draft.parents
+        if self._fixed_width is None:
+            self.draft_token_num = self._sized_width(batch, draft)
         width = self.draft_token_num
         if width < tokens.shape[1]:
             tokens = np.ascontiguousarray(tokens[:, :width])
@@ -228,29 +253,43 @@ class LookaheadWorker(NGRAMWorker):
         )
         return tokens, parents, vt
 
-    @staticmethod
-    def _host_tree(tokens: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """NGRAM's host-side `(mask, req_drafts)` pair, for SGLang's grammar bitmask."""
-        bs, width = parents.shape
-        p = torch.from_numpy(parents)
-        meta = tree_metadata(
-            p, torch.full((bs,), width, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64)
+    def _sized_width(self, batch: Any, draft: BatchDraft) -> int:
+        """The sizer's width for this decode batch, from its drafts."""
+        reqs = batch.reqs
+        if batch.seq_lens_cpu is not None:
+            total = int(batch.seq_lens_cpu.sum())
+        else:
+            total = int(batch.seq_lens_sum)
+        self._context = total // max(len(reqs), 1)
+        # SGLang makes a greedy request top_k = 1 (temperature 0 included).
+        sampled = [getattr(r.sampling_params, "top_k", 1) != 1 for r in reqs]
+        return self.sizer.width(
+            [r.rid for r in reqs],
+            draft.tokens,
+            draft.parents,
+            draft.scores,
+            draft.num_nodes,
+            self._context,
+            sampled,
         )
-        return meta.mask.reshape(-1).numpy(), tokens.reshape(-1).astype(np.int64)
 
-    def _step_width(self, batch: Any) -> int:
-        """This step's verify width: `ServingConfig.cpu_verify_width` for a decode batch, N for
-        anything else and for batches that return logprobs or hidden states (their rows keep
-        NGRAM's layout, N per request). Only the CPU engine with the plugin's attention
-        narrows it: it runs no graphs, and SGLang turns the overlap relay off there for
-        NGRAM-style workers."""
+    def _step_width(self, batch: Any) -> int | None:
+        """This step's verify width where it is fixed before drafting: N for anything but a
+        decode batch, for batches that return logprobs or hidden states (their rows keep
+        NGRAM's layout, N per request), and wherever steps are not narrowed; the fixed rule
+        `ServingConfig.cpu_verify_width` where `max_verify_rows` is set or several ranks
+        serve; None where the sizer chooses it from the drafts. Only the CPU engine with the
+        plugin's attention narrows steps: it runs no graphs, and SGLang turns the overlap
+        relay off there for NGRAM-style workers."""
         if self._narrow_steps is None:
             backend = _attention_backend_of(self.model_runner)
             self._narrow_steps = backend == TREE_SDPA_BACKEND
             logger.info(
                 "lookahead: attention backend %s: narrower CPU verify steps %s",
                 backend,
-                "on" if self._narrow_steps else "off",
+                ("by cost" if self.sizer is not None else "by rows")
+                if self._narrow_steps
+                else "off",
             )
         if (
             not self._narrow_steps
@@ -259,48 +298,47 @@ class LookaheadWorker(NGRAMWorker):
             or getattr(batch, "return_hidden_states", False)
         ):
             return self.config.width
-        return self.config.cpu_verify_width(len(batch.reqs))
+        if self.sizer is None:
+            return self.config.cpu_verify_width(len(batch.reqs))
+        return None
 
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         """NGRAM's step at this step's width (its verify reads `draft_token_num`); a
         narrower step's accepted tokens are padded back to NGRAM's N per request, the stride
-        the scheduler reads, merges and filters them with."""
-        width = self._step_width(batch)
-        self.draft_token_num = width
-        if batch.forward_mode.is_decode():
-            self._step_widths[width] += 1
+        the scheduler reads, merges and filters them with. A step the sizer sized tells it
+        what its forward cost and what each request emitted."""
+        decode = batch.forward_mode.is_decode()
+        bs = len(batch.reqs)
+        self._fixed_width = self._step_width(batch)
+        self.draft_token_num = self._fixed_width or self.config.width
+        self._prepare_s = 0.0
+        start = time.perf_counter()
         try:
             result = super().forward_batch_generation(batch, *args, **kwargs)
+            width = self.draft_token_num
         finally:
             self.draft_token_num = self.config.width
+        if decode:
+            self._step_widths[width] += 1
+            if self._fixed_width is None:
+                forward_s = time.perf_counter() - start - self._prepare_s
+                ids = result.next_token_ids.view(bs, width).tolist()
+                lens = result.next_draft_input.accept_lens.tolist()
+                emitted = [row[:n] for row, n in zip(ids, lens)]
+                self.sizer.observe(forward_s, self._prepare_s, emitted)
+        self._fixed_width = self.config.width
         if width != self.config.width:
-            self._pad_result(result, len(batch.reqs), width)
+            pad_to_width(result, bs, width, self.config.width)
         return result
-
-    def _pad_result(self, result: Any, bs: int, width: int) -> None:
-        from sglang.srt.speculative.ngram_info import NgramVerifyInput
-
-        full = self.config.width
-        ids = result.next_token_ids.view(bs, width)
-        padded = ids.new_zeros((bs, full))
-        padded[:, :width] = ids
-        padded = padded.flatten()
-        result.next_token_ids = padded
-        relay = result.next_draft_input
-        result.next_draft_input = NgramVerifyInput(
-            draft_token_num=full,
-            new_seq_lens=relay.new_seq_lens,
-            accept_tokens=padded,
-            accept_lens=relay.accept_lens,
-        )
 
     def _prepare_for_speculative_decoding(self, batch: Any) -> None:
         if not batch.forward_mode.is_decode():
             return
+        started = time.perf_counter()
         bs = len(batch.reqs)
         self._maybe_log_stats()
         tokens, parents, vt = self._build_verify_tensors(batch)
-        self.grammar_tree_host = self._host_tree(tokens, parents) if batch.has_grammar else None
+        self.grammar_tree_host = host_tree(tokens, parents) if batch.has_grammar else None
 
         if self.draft_token_num == self.config.width:
             # NGRAM's buffers: fixed addresses for the CUDA graphs captured at width N.
@@ -343,6 +381,7 @@ class LookaheadWorker(NGRAMWorker):
             tree_parents=vt.tree_parents,
             exact_sampling=self.config.exact_sampling,
         )
+        self._prepare_s = time.perf_counter() - started
 
     def _update_ngram_corpus(self, batch: Any) -> None:
         """Nothing here: the verified tokens reach the cache at the next draft, the first
