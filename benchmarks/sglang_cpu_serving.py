@@ -39,7 +39,11 @@ SETTINGS = {
     "none": [],
     "ngram": ["--speculative-algorithm", "NGRAM", "--attention-backend", "lookahead_tree_sdpa"],
     "lookahead": ["--speculative-algorithm", "LOOKAHEAD"],
+    # LOOKAHEAD with the fixed rule the sizer replaced: 64 verify rows per CPU step
+    "lookahead-rows64": ["--speculative-algorithm", "LOOKAHEAD"],
 }
+# LOOKAHEAD_CONFIG of a setting (`--lookahead-config` adds to it).
+SETTING_CONFIG = {"lookahead-rows64": {"max_verify_rows": 64}}
 
 
 def parse_args(argv=None):
@@ -109,7 +113,7 @@ def summarise(setting, concurrency, results, wall, reference) -> dict:
 def print_table(rows) -> None:
     base = {r["concurrency"]: r["output_tok_s"] for r in rows if r["setting"] == "none"}
     print(
-        f"{'setting':<10} {'conc':>4} {'tok/s':>8} {'vs none':>8} {'p50 s':>7} {'p90 s':>7} "
+        f"{'setting':<16} {'conc':>4} {'tok/s':>8} {'vs none':>8} {'p50 s':>7} {'p90 s':>7} "
         f"{'tok/step':>8} {'identical':>10}"
     )
     for r in rows:
@@ -117,7 +121,7 @@ def print_table(rows) -> None:
         tps = "-" if r["tokens_per_step"] is None else f"{r['tokens_per_step']:.2f}"
         same = "-" if r["identical"] is None else f"{r['identical']}/{r['requests']}"
         print(
-            f"{r['setting']:<10} {r['concurrency']:>4} {r['output_tok_s']:>8.1f} "
+            f"{r['setting']:<16} {r['concurrency']:>4} {r['output_tok_s']:>8.1f} "
             f"{'-' if ratio is None else f'{ratio:.2f}x':>8} {r['latency_p50_s']:>7.2f} "
             f"{r['latency_p90_s']:>7.2f} {tps:>8} {same:>10}"
         )
@@ -136,14 +140,20 @@ def main(argv=None) -> int:
     print(f"{len(prompts)} prompts, {args.output_len} new tokens each; logs in {log_dir}")
     settings = sorted(args.settings, key=lambda s: s != "none")  # the reference first
     rows, reference = [], {}
-    for setting in settings:
-        extra = SETTINGS[setting]
-        if setting != "none":
-            extra = extra + ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
-        server_env = dict(env)
-        if setting == "lookahead" and args.lookahead_config:
-            server_env["LOOKAHEAD_CONFIG"] = args.lookahead_config
-        for c in args.concurrency:
+    # Interleaved: every setting at one concurrency, then the next, so that a machine that
+    # slows down for some minutes slows every setting alike.
+    for c in args.concurrency:
+        for setting in settings:
+            extra = SETTINGS[setting]
+            if setting != "none":
+                extra = extra + ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
+            server_env = dict(env)
+            # a stats line every 5 s: the row reports the last one's widths and sizer
+            config = {"stats_interval_s": 5, **SETTING_CONFIG.get(setting, {})}
+            if setting.startswith("lookahead") and args.lookahead_config:
+                config.update(json.loads(args.lookahead_config))
+            if setting.startswith("lookahead"):
+                server_env["LOOKAHEAD_CONFIG"] = json.dumps(config)
             # A fresh server per concurrency: the prompts repeat between concurrencies, and a
             # drafter that kept the earlier answers would draft them from memory.
             log = log_dir / f"{setting}_c{c}.log"
@@ -151,11 +161,16 @@ def main(argv=None) -> int:
             with CpuServer(model_path, server_args, log, env=server_env) as server:
                 server.generate("Hello", max_new_tokens=8)  # warm-up
                 results, wall = run_batch(server, prompts, c, args.output_len)
+                stats = server.stats_lines() if setting.startswith("lookahead") else []
             ref = reference.get(c)
             if setting == "none":
                 reference[c] = [r["output_ids"] for r, _ in results]
             rows.append(summarise(setting, c, results, wall, ref))
+            if stats:  # the verify widths the steps ran at, and what the sizer measured
+                rows[-1]["verify_widths"] = stats[-1].get("verify_widths")
+                rows[-1]["sizer"] = stats[-1].get("sizer")
             print(json.dumps(rows[-1]), flush=True)
+    rows.sort(key=lambda r: (settings.index(r["setting"]), r["concurrency"]))
     print_table(rows)
     if args.json:
         payload = header(
