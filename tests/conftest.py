@@ -113,3 +113,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def pytest_sessionfinish(session, exitstatus):
     if _under_ci() and exitstatus == 0 and _disallowed_skips():
         session.exitstatus = 1
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    """A FIFO no one writes to or reads from (opened blocking, it would hang forever)."""
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path

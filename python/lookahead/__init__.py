@@ -22,6 +22,7 @@ from lookahead.errors import (
     SaveFileNotFound,
     UnknownRequest,
     UnsupportedSGLangVersion,
+    UserInputError,
 )
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "SaveFileNotFound",
     "UnknownRequest",
     "UnsupportedSGLangVersion",
+    "UserInputError",
     "__version__",
     *_ENGINE_NAMES,
 ]

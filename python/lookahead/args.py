@@ -4,6 +4,7 @@ request-id lists."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -60,3 +61,13 @@ def rid_list(rids) -> list:
     if isinstance(rids, (str, bytes)) or not isinstance(rids, Iterable):
         raise InvalidInput(f"rids must be a sequence of request ids, got {rids!r}")
     return list(rids)
+
+
+def max_threads() -> int:
+    """The most torch threads `--threads` takes: 4 per CPU this process may run on, at most
+    256 (more only adds threads that wait; 10,000 of them stall the run for minutes)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return min(256, 4 * max(cpus, 1))

@@ -9,6 +9,7 @@ import sys
 import warnings
 
 from lookahead import _core
+from lookahead.args import max_threads
 from lookahead.hf.recycling import RECYCLE_MODES
 from lookahead.models import DTYPES
 
@@ -41,7 +42,10 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     p.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads, 1 to 4 per CPU (at most 256; default: torch's choice)",
     )
 
 
@@ -263,8 +267,8 @@ def _check_args(args) -> str | None:
     """What is wrong with the arguments (checked before the model loads), or None."""
     from lookahead._core import MAX_DEPTH
 
-    if args.threads is not None and args.threads < 1:
-        return "--threads must be >= 1"
+    if args.threads is not None and not 1 <= args.threads <= max_threads():
+        return f"--threads must be in [1, {max_threads()}] (4 per CPU here, at most 256)"
     if args.command == "calibrate":
         return None
     if args.max_new_tokens < 1:

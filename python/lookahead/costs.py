@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lookahead.cost_checks import clip_plausible, implausible
+from lookahead.cost_checks import clip_plausible, grid_of, implausible
+from lookahead.user_input import quote, read_json_file
 
 # Rows per forward the curve is measured at (root + nodes): dense where CPU curves bend (a
 # one-row forward takes a GEMV path, a few rows a GEMM one), sparse where they grow linearly.
@@ -47,6 +48,10 @@ MEASURE_TRIES = 3
 # Bump when the measurement or the file changes meaning: older files are re-measured
 # (format 1 was the median of 2 rounds, unchecked).
 COST_FORMAT = 2
+# The longest cost file read (ours are about 1 KB); its grid's bounds: `cost_checks.grid_of`.
+MAX_FILE_BYTES = 1 << 20
+# Curves kept per model, by context bucket, in floats (8 MiB): the same bound however wide.
+CURVE_CACHE_FLOATS = 1 << 20
 
 
 def cost_dir() -> Path:
@@ -108,7 +113,7 @@ class CostModel:
         rows = np.arange(self.widths[-1] + 1)
         out = np.interp(rows, self.widths, at)
         out[0] = math.nan
-        if len(self._curves) < 4096:
+        if len(self._curves) * len(out) < CURVE_CACHE_FLOATS:
             self._curves[bucket] = out
         return out
 
@@ -135,19 +140,13 @@ class CostModel:
 
     @classmethod
     def from_json(cls, d: dict) -> CostModel:
-        """The inverse of `to_json`; ValueError on a malformed object."""
-        try:
-            if d["format"] != COST_FORMAT:
-                raise ValueError(f"cost file format {d['format']!r}, expected {COST_FORMAT}")
-            secs = tuple(tuple(float(x) / 1e3 for x in row) for row in d["ms"])
-            return cls(
-                tuple(int(w) for w in d["widths"]),
-                tuple(int(c) for c in d["contexts"]),
-                secs,
-                dict(d["key"]),
-            )
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"malformed cost file: {e!r}") from None
+        """The inverse of `to_json`; ValueError on a malformed object, or one past the
+        bounds of `cost_checks.grid_of`, checked before anything is built from it."""
+        if not isinstance(d, dict) or d.get("format") != COST_FORMAT:
+            got = quote(d.get("format")) if isinstance(d, dict) else type(d).__name__
+            raise ValueError(f"cost file format {got}, expected {COST_FORMAT}")
+        widths, contexts, ms, key = grid_of(d)
+        return cls(widths, contexts, tuple(tuple(x / 1e3 for x in row) for row in ms), key)
 
 
 def _cpu_name() -> str:
@@ -302,10 +301,10 @@ def _read(path: Path, key: dict, progress) -> CostModel | None:
     """The curve kept in `path` for `key`, or None (missing, another key, damaged or
     implausible: said in one line)."""
     try:
-        got = CostModel.from_json(json.loads(path.read_text()))
+        got = CostModel.from_json(read_json_file(path, MAX_FILE_BYTES, "cost file"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:  # corrupt, truncated, another format: measure again
+    except (OSError, ValueError) as e:  # corrupt, truncated, hostile, another format: measure
         if progress:
             progress(f"lookahead: re-measuring the verify cost ({path} unusable: {e})")
         return None

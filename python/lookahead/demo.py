@@ -17,7 +17,6 @@ import sys
 import time
 from dataclasses import asdict
 from importlib import resources
-from pathlib import Path
 
 from lookahead.demo_table import (
     HEADER,
@@ -31,7 +30,10 @@ from lookahead.demo_table import (
     summarize,
 )
 from lookahead.hf.recycling import RECYCLE_MODES
+from lookahead.user_input import UserInputError, loads_json, quote, read_file
 
+# The largest prompt file read (Spec-Bench's 480 prompts are 0.6 MB).
+MAX_PROMPT_FILE_BYTES = 64 << 20
 DEFAULT_CATEGORIES = ("rag", "summarization")
 DEFAULT_COUNT = 4
 
@@ -48,18 +50,19 @@ def load_prompts(path=None, categories=DEFAULT_CATEGORIES, count=DEFAULT_COUNT) 
         text = resources.files("lookahead").joinpath("data/spec_bench_sample.jsonl").read_text()
         source = "the shipped Spec-Bench sample"
     else:
-        text = Path(path).read_text()
         source = str(path)
+        raw = read_file(path, MAX_PROMPT_FILE_BYTES, "prompt file")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserInputError(f"prompt file {source} is not UTF-8 text: {e}") from None
     rows = []
     for i, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{source}, line {i + 1}: not JSON ({e})") from None
+        row = loads_json(line, f"{source}, line {i + 1}")
         if not isinstance(row, dict):
-            raise ValueError(f"{source}, line {i + 1}: needs a JSON object, got {row!r:.60}")
+            raise ValueError(f"{source}, line {i + 1}: needs a JSON object, got {quote(row)}")
         turns = row.get("turns") or ([row["prompt"]] if "prompt" in row else None)
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
             raise ValueError(f"{source}, line {i + 1}: needs 'turns' (list of strings) or 'prompt'")
@@ -74,7 +77,7 @@ def load_prompts(path=None, categories=DEFAULT_CATEGORIES, count=DEFAULT_COUNT) 
         if not isinstance(category, str) or not category or category == "overall":
             raise ValueError(
                 f"{source}, line {i + 1}: 'category' must be a non-empty string other than "
-                f"'overall' (the table's all-prompts row), got {category!r:.60}"
+                f"'overall' (the table's all-prompts row), got {quote(category)}"
             )
         rows.append(
             {"question_id": row.get("question_id", i), "category": category, "turns": turns}

@@ -21,6 +21,7 @@ __all__ = [
     "SaveFileNotFound",
     "UnknownRequest",
     "UnsupportedSGLangVersion",
+    "UserInputError",
 ]
 
 
@@ -64,6 +65,11 @@ class InternalError(LookaheadError, RuntimeError):
 
 class InvariantError(InternalError):
     """`check_invariants` found a broken structure."""
+
+
+class UserInputError(LookaheadError, ValueError):
+    """Input from outside refused by `lookahead.user_input`: a file that is not a regular
+    file or is too long, JSON past its bounds; the message names the path or source."""
 
 
 class ModelLoadError(LookaheadError, RuntimeError):

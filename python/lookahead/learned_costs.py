@@ -23,7 +23,7 @@ from collections import deque
 
 import numpy as np
 
-from lookahead.costs import CostModel
+from lookahead.costs import CURVE_CACHE_FLOATS, CostModel
 
 # Context bands (cached tokens) measured apart: attention's share of a forward grows with
 # the context, so one band's ratios say little of another's far away.
@@ -112,7 +112,7 @@ class LearnedCosts:
         out = self.prior.curve(bucket) * np.exp(self._log_ratios(self.band(bucket)))
         out[2:] = np.maximum(out[2:], out[1])
         out[0] = math.nan
-        if len(self._curves) < 4096:
+        if len(self._curves) * len(out) < CURVE_CACHE_FLOATS:
             self._curves[bucket] = out
         return out
 

@@ -13,6 +13,7 @@ import platform
 import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 PEER_DISTRIBUTIONS = (
@@ -124,7 +125,7 @@ def write_output(path: str | os.PathLike, text: str) -> None:
     FIFO in place (a rename would replace it)."""
     real = Path(os.path.realpath(path))  # a symlink's target is replaced, not the link
     if _is_special(real):
-        with open(real, "w") as f:
+        with os.fdopen(_open_special(real), "w") as f:
             f.write(text)
         return
     mode = real.stat().st_mode & 0o777 if real.exists() else 0o644
@@ -138,6 +139,32 @@ def write_output(path: str | os.PathLike, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+# How long a FIFO is waited on for a reader before the write fails (it would hang).
+FIFO_READER_WAIT_S = 10.0
+
+
+def _open_special(real: Path) -> int:
+    """A device or FIFO opened for writing; a FIFO waits at most `FIFO_READER_WAIT_S` for a
+    reader (opening it blocking would wait forever), then OSError."""
+    deadline = time.monotonic() + FIFO_READER_WAIT_S
+    while True:
+        try:
+            fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno != errno.ENXIO or time.monotonic() > deadline:
+                if e.errno == errno.ENXIO:
+                    raise OSError(
+                        e.errno,
+                        f"no reader opened the FIFO within {FIFO_READER_WAIT_S:g} s",
+                        str(real),
+                    ) from None
+                raise
+            time.sleep(0.05)
+            continue
+        os.set_blocking(fd, True)
+        return fd
 
 
 def _unwritable(path: str | os.PathLike) -> str | None:

@@ -15,7 +15,6 @@ supported one (at the user's risk: the worker subclasses SGLang internals).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from typing import Any
 from lookahead import _core
 from lookahead.cache import RENAMED, renamed_note
 from lookahead.errors import LookaheadConfigError
+from lookahead.user_input import UserInputError, loads_json, quote
 
 # The `--speculative-algorithm` value the plugin registers.
 ALGORITHM_NAME = "LOOKAHEAD"
@@ -85,6 +85,10 @@ EXTRA_KEYS: dict[str, Any] = {
 # grows. Measured at 16 requests: 16, 32, 64 and 128 rows gave 75.9, 72.8, 79.3 and 63.5
 # tok/s (no speculation 67.7); 64 keeps N = 8 up to 8 requests (BENCHMARKS.md §6.2).
 DEFAULT_CPU_VERIFY_ROWS = 64
+# The longest LOOKAHEAD_CONFIG read (ours are a few hundred characters), and the shortest
+# stats interval (a log line per step would cost the step).
+MAX_CONFIG_CHARS = 1 << 16
+MIN_STATS_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -106,10 +110,14 @@ def read_env(environ: Mapping[str, str] | None = None) -> PluginEnv:
 def _parse_extra(config_json: str | None) -> dict[str, Any]:
     if config_json is None:
         return {}
-    try:
-        extra = json.loads(config_json)
-    except json.JSONDecodeError as e:
-        raise LookaheadConfigError(f"{CONFIG_ENV} is not valid JSON: {e}") from None
+    if len(config_json) > MAX_CONFIG_CHARS:
+        raise LookaheadConfigError(
+            f"{CONFIG_ENV} has {len(config_json)} characters; at most {MAX_CONFIG_CHARS}"
+        )
+    try:  # no NaN, no huge integers, no deep nesting, no key given twice (`user_input`)
+        extra = loads_json(config_json, CONFIG_ENV)
+    except UserInputError as e:
+        raise LookaheadConfigError(str(e)) from None
     if not isinstance(extra, dict):
         raise LookaheadConfigError(
             f"{CONFIG_ENV} must be a JSON object, got {type(extra).__name__}"
@@ -120,7 +128,7 @@ def _parse_extra(config_json: str | None) -> dict[str, Any]:
     unknown = sorted(set(extra) - set(EXTRA_KEYS))
     if unknown:
         raise LookaheadConfigError(
-            f"{CONFIG_ENV} has unknown keys {unknown}; known keys: {sorted(EXTRA_KEYS)}"
+            f"{CONFIG_ENV} has unknown keys {quote(unknown)}; known keys: {sorted(EXTRA_KEYS)}"
         )
     return extra
 
@@ -137,10 +145,10 @@ def refuse_external_corpus(spec: Any) -> None:
 
 
 def _number(name: str, v: Any, lo: float, hi: float) -> float:
-    # `not lo <= v <= hi` also refuses NaN (json.loads reads NaN and Infinity).
+    # `not lo <= v <= hi` also refuses NaN (which `loads_json` refuses before this anyway).
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
         raise LookaheadConfigError(
-            f"{CONFIG_ENV}: {name} must be a number in [{lo}, {hi:g}], got {v!r}"
+            f"{CONFIG_ENV}: {name} must be a number in [{lo}, {hi:g}], got {quote(v)}"
         )
     return float(v)
 
@@ -148,14 +156,25 @@ def _number(name: str, v: Any, lo: float, hi: float) -> float:
 def _int(name: str, v: Any, lo: int, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
         want = f"an int >= {lo}" if hi is None else f"an int in [{lo}, {hi}]"
-        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be {want}, got {v!r}")
+        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be {want}, got {quote(v)}")
     return v
 
 
 def _bool(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be true or false, got {v!r}")
+        raise LookaheadConfigError(f"{CONFIG_ENV}: {name} must be true or false, got {quote(v)}")
     return v
+
+
+def _interval(v: Any) -> float:
+    """`stats_interval_s`: 0 (no stats lines) or [MIN_STATS_INTERVAL_S, 86400]."""
+    s = _number("stats_interval_s", v, 0.0, 86400.0)
+    if 0 < s < MIN_STATS_INTERVAL_S:
+        raise LookaheadConfigError(
+            f"{CONFIG_ENV}: stats_interval_s must be 0 (off) or at least "
+            f"{MIN_STATS_INTERVAL_S} s, got {quote(v)}"
+        )
+    return s
 
 
 def _skip(v: Any) -> tuple[int, int] | None:
@@ -169,7 +188,7 @@ def _skip(v: Any) -> tuple[int, int] | None:
     ):
         raise LookaheadConfigError(
             f"{CONFIG_ENV}: history_skip must be null or [lo, hi] with 1 <= lo <= hi <= 64, "
-            f"got {v!r}"
+            f"got {quote(v)}"
         )
     return (v[0], v[1])
 
@@ -258,7 +277,7 @@ class ServingConfig:
         namespace = extra["namespace"]
         if namespace not in NAMESPACE_MODES:
             raise LookaheadConfigError(
-                f"{CONFIG_ENV}: namespace must be one of {list(NAMESPACE_MODES)}, got {namespace!r}"
+                f"{CONFIG_ENV}: namespace must be one of {list(NAMESPACE_MODES)}, got {quote(namespace)}"
             )
         own_weight = _number("own_weight", extra["own_weight"], 0.0, MAX_WEIGHT)
         history_weight = _number("history_weight", extra["history_weight"], 0.0, MAX_WEIGHT)
@@ -290,7 +309,7 @@ class ServingConfig:
                 else _bool("background_indexing", extra["background_indexing"])
             ),
             history_skip=_skip(extra["history_skip"]),
-            stats_interval_s=_number("stats_interval_s", extra["stats_interval_s"], 0.0, 86400.0),
+            stats_interval_s=_interval(extra["stats_interval_s"]),
             max_verify_rows=(
                 None
                 if extra["max_verify_rows"] is None
