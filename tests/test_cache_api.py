@@ -11,6 +11,7 @@ from pathlib import Path
 import lookahead
 import numpy as np
 import pytest
+from bounded import quickly
 from lookahead import (
     Draft,
     InvalidInput,
@@ -763,3 +764,28 @@ def test_every_exception_is_a_lookahead_error():
             if isinstance(node, ast.ClassDef):
                 bases = [ast.unparse(b) for b in node.bases]
                 assert not any(b.endswith(("Error", "Exception")) for b in bases), (path, node.name)
+
+
+def test_unchecked_legacy_saves_load_only_when_allowed(tmp_path, fifo):
+    import struct
+
+    from lookahead import FileFormatError, InvalidInput, LookaheadCache
+
+    # A version 1 file (no checksum): depth 6, capacity 1000, weights 4 / 1, no namespace.
+    v1 = b"LKAHTRIE" + struct.pack("<IIQdd", 1, 6, 1000, 4.0, 1.0) + b"\0\0" + b"\0" * 4 + b"END!"
+    path = tmp_path / "old.bin"
+    path.write_bytes(v1)
+    with pytest.raises(FileFormatError, match="version 1 save file, which has no checksum"):
+        LookaheadCache.load(path)
+    old = LookaheadCache.load(path, allow_legacy=True)
+    assert old.config["max_depth"] == 6
+    old.save(tmp_path / "new.bin")  # saved again, it is a checked file
+    assert LookaheadCache.load(tmp_path / "new.bin").config["max_depth"] == 6
+    with pytest.raises(InvalidInput, match="allow_legacy must be a bool"):
+        LookaheadCache.load(path, allow_legacy=1)
+    for special in (fifo, "/dev/zero"):
+        with pytest.raises(Exception, match="not a regular file"):
+            quickly(lambda p=special: LookaheadCache.load(p))
+    with pytest.raises(InvalidInput, match="not a regular file"):
+        old.save(fifo)
+    assert fifo.exists() and not fifo.is_file()

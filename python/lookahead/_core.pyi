@@ -117,6 +117,7 @@ class Cache:
         path: str | os.PathLike[str],
         background_indexing: bool | None = None,
         index_threads: int | None = None,
+        allow_legacy: bool = False,
     ) -> Cache: ...
     def check_invariants(self) -> None: ...
     def _time_drafts(

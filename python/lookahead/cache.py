@@ -369,12 +369,19 @@ class LookaheadCache:
         path: str | os.PathLike[str],
         background_indexing: bool | None = None,
         index_threads: int | None = None,
+        allow_legacy: bool = False,
     ) -> LookaheadCache:
         """A cache restored from `save`; `background_indexing` overrides the saved setting.
 
         `index_threads` is not saved (it belongs to the machine, not to the data): `None`
-        gives 0, as many threads as the cores allow (at most 4).
+        gives 0, as many threads as the cores allow (at most 4). Files of versions 1 and 2
+        (before checksums; most damaged bytes in them load silently, and a crafted one can
+        take 35x its size in memory) raise `FileFormatError` unless `allow_legacy` is True: for
+        a file one trusts, to be saved again as a checked version 4 file. Only a regular
+        file is read (a FIFO or a device raises at once; `save` never replaces one).
         """
+        if not is_bool(allow_legacy):
+            raise InvalidInput(f"allow_legacy must be a bool, got {allow_legacy!r}")
         if background_indexing is not None and not is_bool(background_indexing):
             raise InvalidInput(
                 f"background_indexing must be a bool or None, got {background_indexing!r}"
@@ -385,7 +392,7 @@ class LookaheadCache:
             )
         bg = None if background_indexing is None else bool(background_indexing)
         threads = None if index_threads is None else int(index_threads)
-        return cls(_core_cache=_core.Cache.load(os.fspath(path), bg, threads))
+        return cls(_core_cache=_core.Cache.load(os.fspath(path), bg, threads, bool(allow_legacy)))
 
     def check_invariants(self) -> None:
         """Raises `InvariantError` if any trie is broken or the capacity bound is exceeded."""

@@ -111,17 +111,35 @@ fn resolve(path: &Path) -> Result<PathBuf> {
     )))
 }
 
+/// The longest file name most file systems take (ext4, xfs, btrfs, tmpfs: 255 bytes).
+const NAME_MAX: usize = 255;
+/// Bytes a temporary name adds to its prefix: `.<pid>.<n>` (10 + 20 digits at most) and the
+/// suffix.
+const TEMP_TAIL: usize = 2 + 10 + 20 + TMP_SUFFIX.len();
+
+/// What every temporary name of saves to a file named `name` starts with: the name, cut so
+/// that the whole temporary name stays within `NAME_MAX` (a valid 250-byte name must not
+/// fail because its temporary one is too long), then a dot.
+fn temp_prefix(name: &std::ffi::OsStr) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = name.as_bytes();
+    let mut out = bytes[..bytes.len().min(NAME_MAX - TEMP_TAIL)].to_vec();
+    out.push(b'.');
+    out
+}
+
 /// A temporary file beside `path`, unique to this save: concurrent saves (to one path, or to
 /// `h.bin` and `h.dat`) never write into each other's file.
 fn temp_beside(path: &Path) -> Result<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
     static SAVES: AtomicU64 = AtomicU64::new(0);
-    let mut name = path
+    let name = path
         .file_name()
-        .ok_or_else(|| Error::InvalidInput(format!("{} names no file", path.display())))?
-        .to_owned();
+        .ok_or_else(|| Error::InvalidInput(format!("{} names no file", path.display())))?;
     let n = SAVES.fetch_add(1, Ordering::Relaxed);
-    name.push(format!(".{}.{n}{TMP_SUFFIX}", std::process::id()));
-    Ok(path.with_file_name(name))
+    let mut temp = temp_prefix(name);
+    temp.extend_from_slice(format!("{}.{n}{TMP_SUFFIX}", std::process::id()).as_bytes());
+    Ok(path.with_file_name(std::ffi::OsString::from_vec(temp)))
 }
 
 /// A temporary file younger than this is never removed as stale: its pid may belong to
@@ -146,12 +164,12 @@ fn remove_stale_temps(path: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let prefix = format!("{}.", name.to_string_lossy());
+    let prefix = temp_prefix(name);
     for entry in entries.flatten() {
         let file = entry.file_name();
-        let file = file.to_string_lossy();
-        let Some(rest) = file
-            .strip_prefix(&prefix)
+        let Some(rest) = std::os::unix::ffi::OsStrExt::as_bytes(file.as_os_str())
+            .strip_prefix(prefix.as_slice())
+            .and_then(|r| std::str::from_utf8(r).ok())
             .and_then(|r| r.strip_suffix(TMP_SUFFIX))
         else {
             continue;
@@ -177,6 +195,17 @@ fn remove_stale_temps(path: &Path) {
 /// crash leaves the old file or the new one).
 pub fn save(cache: &Cache, path: &Path) -> Result<()> {
     let path = resolve(path)?;
+    // A rename replaces whatever the path names: a FIFO, a device (as root, /dev/null), a
+    // socket. Saves replace regular files only.
+    if let Ok(m) = std::fs::metadata(&path) {
+        if !m.is_file() {
+            return Err(Error::InvalidInput(format!(
+                "cannot save to {}: it is not a regular file (a save replaces only regular \
+                 files)",
+                path.display()
+            )));
+        }
+    }
     remove_stale_temps(&path);
     let tmp = temp_beside(&path)?;
     let written = write_to(cache, &tmp)
@@ -313,22 +342,40 @@ impl<R: Read> Reader<'_, R> {
 
 /// A new cache with the saved configuration and histories. `background_indexing`
 /// overrides the saved setting when given; `index_threads` is not saved (it belongs to the
-/// machine, not the data): `None` is 0, as many as the cores allow.
+/// machine, not the data): `None` is 0, as many as the cores allow. Versions 1 and 2 have
+/// no checksum (most damaged bytes load silently) and their counts are not bounded the way
+/// version 4's are (a crafted file can inflate 35x in memory): they load only with
+/// `allow_legacy`, for files one trusts, to be saved again as version 4.
 pub fn load(
     path: &Path,
     background_indexing: Option<bool>,
     index_threads: Option<usize>,
+    allow_legacy: bool,
 ) -> Result<Cache> {
     if let Some(n) = index_threads.filter(|&n| n > MAX_INDEX_THREADS) {
         return Err(Error::InvalidInput(format!(
             "index_threads must be in 0..={MAX_INDEX_THREADS}, got {n}"
         )));
     }
-    let file = File::open(path).map_err(|e| Error::io("open", path, &e))?;
+    // Opened without blocking (a FIFO with no writer would wait forever, deaf to Ctrl-C),
+    // then refused unless it is a regular file (a FIFO, a device such as /dev/zero, a folder).
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| Error::io("open", path, &e))?
+    };
     let meta = file.metadata().map_err(|e| Error::io("open", path, &e))?;
-    if meta.is_dir() {
+    if !meta.is_file() {
+        let what = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
         return Err(Error::Io(format!(
-            "cannot load {}: it is a directory",
+            "cannot load {}: it is {what}",
             path.display()
         )));
     }
@@ -338,7 +385,7 @@ pub fn load(
         hash: FNV_OFFSET,
         len: 0,
     };
-    let (cache, version) = read_body(&mut r, background_indexing, index_threads)?;
+    let (cache, version) = read_body(&mut r, background_indexing, index_threads, allow_legacy)?;
     if version >= CHECKSUMMED {
         let len = r.len + 16;
         let want_len = r.u64()?;
@@ -359,6 +406,7 @@ fn read_body<R: Read>(
     r: &mut Reader<'_, R>,
     background_indexing: Option<bool>,
     index_threads: Option<usize>,
+    allow_legacy: bool,
 ) -> Result<(Cache, u32)> {
     let magic = r.bytes::<8>()?;
     let version = r.u32()?;
@@ -371,6 +419,13 @@ fn read_body<R: Read>(
         return Err(r.damaged(&format!(
             "version {version} under magic {:?}; this build reads versions 1 to {VERSION}",
             String::from_utf8_lossy(&magic)
+        )));
+    }
+    if version < CHECKSUMMED && !allow_legacy {
+        return Err(Error::Format(format!(
+            "{} is a version {version} save file, which has no checksum: load it with \
+             allow_legacy=True only if you trust it, then save it again (version {VERSION})",
+            r.path.display()
         )));
     }
     let max_depth = r.u32()? as usize;

@@ -22,7 +22,7 @@ fn save_load_round_trip() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("h.bin");
     save(&c, &path).unwrap();
-    let d = load(&path, None, None).unwrap();
+    let d = load(&path, None, None, false).unwrap();
     d.check_invariants().unwrap();
     assert_eq!(d.config(), c.config());
     assert_eq!(d.stats().nodes, c.stats().nodes);
@@ -38,7 +38,10 @@ fn save_load_round_trip() {
         .unwrap();
     assert_eq!(d.draft(&rid, 1, true).unwrap().tokens.len(), 2);
     std::fs::write(&path, b"LKAHTRIE\x01\x00").unwrap();
-    assert_eq!(load(&path, None, None).err().unwrap().kind(), "Format");
+    assert_eq!(
+        load(&path, None, None, false).err().unwrap().kind(),
+        "Format"
+    );
     // Version 1 had no history_skip: it loads with none (what its drafts did).
     let mut v1 = Vec::new();
     v1.extend_from_slice(LEGACY_MAGIC);
@@ -51,13 +54,19 @@ fn save_load_round_trip() {
     v1.extend_from_slice(&0u32.to_le_bytes());
     v1.extend_from_slice(END);
     std::fs::write(&path, &v1).unwrap();
-    let old = load(&path, None, None).unwrap();
+    let e = load(&path, None, None, false).err().unwrap();
+    assert_eq!(e.kind(), "Format");
+    assert!(e.to_string().contains("allow_legacy"), "{e}");
+    let old = load(&path, None, None, true).unwrap();
     assert_eq!(
         (old.config().max_depth, old.config().history_skip),
         (6, None)
     );
     std::fs::write(&path, [&v1[..8], &9u32.to_le_bytes(), &v1[12..]].concat()).unwrap();
-    assert_eq!(load(&path, None, None).err().unwrap().kind(), "Format");
+    assert_eq!(
+        load(&path, None, None, false).err().unwrap().kind(),
+        "Format"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -90,7 +99,7 @@ fn version_3_loads_with_the_default_recycle_settings() {
     let body = [&body[..], &len].concat();
     let hash = fnv1a(FNV_OFFSET, &body).to_le_bytes();
     std::fs::write(&path, [&body[..], &hash].concat()).unwrap();
-    let old = load(&path, None, None).unwrap();
+    let old = load(&path, None, None, false).unwrap();
     let d = Config::default();
     let got = old.config();
     assert_eq!(
@@ -138,7 +147,7 @@ fn load_bytes(name: &str, bytes: &[u8]) -> Result<Cache> {
     let dir = scratch(name);
     let path = dir.join("f.bin");
     std::fs::write(&path, bytes).unwrap();
-    let r = load(&path, Some(false), None);
+    let r = load(&path, Some(false), None, true); // version 2: its structural checks
     std::fs::remove_dir_all(&dir).unwrap();
     r
 }
@@ -184,7 +193,7 @@ fn hostile_files_are_refused() {
         let mut bad = good.clone();
         bad[at..at + bytes.len()].copy_from_slice(bytes);
         std::fs::write(&path, &bad).unwrap();
-        let e = load(&path, Some(false), None).err().unwrap();
+        let e = load(&path, Some(false), None, false).err().unwrap();
         assert_eq!(e.kind(), "Format", "{e}");
         assert!(e.to_string().contains("bad configuration") && e.to_string().contains(what));
     }
@@ -252,18 +261,18 @@ fn every_damaged_file_is_refused() {
         };
         bad[at] ^= ((x >> 32) as u8) | 1;
         std::fs::write(&path, &bad).unwrap();
-        let e = load(&path, Some(false), None).err();
+        let e = load(&path, Some(false), None, false).err();
         let e = e.unwrap_or_else(|| panic!("flip at byte {at} of {} loaded", bad.len()));
         assert_eq!(e.kind(), "Format", "flip at {at}: {e}");
         assert!(e.to_string().contains(&path.display().to_string()), "{e}");
     }
     for tail in [&b"x"[..], &good[..]] {
         std::fs::write(&path, [&good[..], tail].concat()).unwrap();
-        let e = load(&path, Some(false), None).err().unwrap();
+        let e = load(&path, Some(false), None, false).err().unwrap();
         assert!(e.to_string().contains("bytes follow its end"), "{e}");
     }
     std::fs::write(&path, &good[..good.len() - 1]).unwrap();
-    let e = load(&path, Some(false), None).err().unwrap();
+    let e = load(&path, Some(false), None, false).err().unwrap();
     assert!(e.to_string().contains("truncated"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -272,10 +281,10 @@ fn every_damaged_file_is_refused() {
 fn io_errors_name_the_path_and_the_errno() {
     let dir = scratch("io");
     let missing = dir.join("missing.bin");
-    let e = load(&missing, None, None).err().unwrap();
+    let e = load(&missing, None, None, false).err().unwrap();
     assert_eq!(e.kind(), "NotFound");
     assert!(e.to_string().contains("missing.bin") && e.to_string().contains("os error 2"));
-    let e = load(&dir, None, None).err().unwrap();
+    let e = load(&dir, None, None, false).err().unwrap();
     assert_eq!(e.kind(), "Io");
     assert!(e.to_string().contains("directory"), "{e}");
     let c = Cache::new(Config::default()).unwrap();
@@ -307,10 +316,15 @@ fn stale_temporaries_go_and_links_are_written_through() {
             .set_modified(hours_ago)
             .unwrap();
     }
-    let c = load(&path, Some(false), None).unwrap();
+    let c = load(&path, Some(false), None, false).unwrap();
     save(&c, &path).unwrap();
     assert!(!dead.exists() && live.exists() && other.exists() && young.exists());
-    let nodes = |p: &Path| load(p, Some(false), None).unwrap().stats().history_nodes;
+    let nodes = |p: &Path| {
+        load(p, Some(false), None, false)
+            .unwrap()
+            .stats()
+            .history_nodes
+    };
     assert_eq!(nodes(&path), c.stats().history_nodes);
     assert!(good.len() > 100);
 
@@ -358,12 +372,85 @@ fn concurrent_saves_do_not_mix() {
         for (c, p) in [(&a, &pa), (&b, &pb)] {
             let want = c.stats().history_nodes;
             assert_eq!(
-                load(p, Some(false), None).unwrap().stats().history_nodes,
+                load(p, Some(false), None, false)
+                    .unwrap()
+                    .stats()
+                    .history_nodes,
                 want
             );
         }
     }
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert_eq!(left.len(), 2, "temporary files left behind");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn mkfifo(path: &Path) {
+    let c =
+        std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str())).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+/// Special files: a load of a FIFO with no writer returns at once (it used to wait for a
+/// writer, deaf to Ctrl-C), a load of a device is refused, and a save never replaces a FIFO
+/// or a device with a regular file (as root, `save("/dev/null")` would have).
+#[test]
+fn special_files_are_neither_read_nor_replaced() {
+    let dir = scratch("special");
+    let fifo = dir.join("fifo");
+    mkfifo(&fifo);
+    let t0 = std::time::Instant::now();
+    let e = load(&fifo, None, None, false).err().unwrap();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    let e = load(Path::new("/dev/zero"), None, None, false)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+
+    let c = Cache::new(Config::default()).unwrap();
+    let link = dir.join("null-link");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    for target in [&fifo, &link] {
+        let e = save(&c, target).err().unwrap();
+        assert_eq!(e.kind(), "InvalidInput");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+    let ft = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_fifo(&ft),
+        "the FIFO was replaced"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A file name of 250 bytes (valid) saves: its temporary name is cut to fit the
+/// file system's 255 bytes, and a stale temporary of it is found by the same prefix.
+#[test]
+fn a_long_file_name_saves() {
+    let dir = scratch("long");
+    let path = dir.join("n".repeat(250));
+    let c = Cache::new(Config::default()).unwrap();
+    c.add_history(&[vec![1, 2, 3, 1, 2, 4]], "default").unwrap();
+    save(&c, &path).unwrap();
+    assert_eq!(
+        load(&path, Some(false), None, false)
+            .unwrap()
+            .stats()
+            .history_nodes,
+        c.stats().history_nodes
+    );
+    let tmp = temp_beside(&path).unwrap();
+    assert!(tmp.file_name().unwrap().len() <= NAME_MAX);
+    assert!(
+        std::os::unix::ffi::OsStrExt::as_bytes(tmp.file_name().unwrap())
+            .starts_with(&temp_prefix(path.file_name().unwrap()))
+    );
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}"); // no temporary left behind
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -366,15 +366,16 @@ impl PyCache {
     }
 
     #[staticmethod]
-    #[pyo3(signature = (path, background_indexing=None, index_threads=None))]
+    #[pyo3(signature = (path, background_indexing=None, index_threads=None, allow_legacy=false))]
     fn load(
         py: Python<'_>,
         path: std::path::PathBuf,
         background_indexing: Option<bool>,
         index_threads: Option<usize>,
+        allow_legacy: bool,
     ) -> PyResult<Self> {
         run(py, || {
-            crate::persist::load(&path, background_indexing, index_threads)
+            crate::persist::load(&path, background_indexing, index_threads, allow_legacy)
         })
         .map(|inner| PyCache { inner })
     }
