@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from bounded import quickly
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lookahead import InvalidInput, LookaheadCache
@@ -61,8 +62,8 @@ def test_recycle_keys_rows_by_the_token_before():
         ([[-1]], [[0.5]], r"\[0, 2\*\*32\)"),
         ([[1.0]], [[0.5]], "integers"),
         ([1], [0.5], "2-D"),
-        (np.zeros((1, 0), dtype=np.int64), np.zeros((1, 0), dtype=np.float32), "k >= 1"),
-        ([[1], [2]], [[0.5], [0.5]], "rows"),  # two rows for one new token
+        (np.zeros((1, 0), dtype=np.int64), np.zeros((1, 0), dtype=np.float32), "1 <= k <= 4096"),
+        ([[1], [2]], [[0.5], [0.5]], r"one row per token \(1\), got 2"),  # two rows, one token
     ],
 )
 def test_bad_predictions_are_refused_before_anything_changes(ids, probs, match):
@@ -270,3 +271,34 @@ def test_prefill_rows_are_those_of_one_forward(monkeypatch, keep):
     assert first == 50 and kv.get_seq_length() == len(ids)
     assert np.array_equal(top_ids, ref.indices[50:].numpy())
     assert np.allclose(top_p, ref.values[50:].numpy(), atol=1e-5)
+
+
+def test_predictions_are_checked_by_shape_before_they_are_scanned():
+    import numpy as np
+    from lookahead import InvalidInput, LookaheadCache
+
+    c = LookaheadCache(recycle_k=4, background_indexing=False)
+    c.start_request(1, [1, 2, 3])
+    rows = (10**9, 64)  # 64e9 entries: scanning them took 20-40 s, then a MemoryError
+    ids = np.broadcast_to(np.uint32(5), rows)
+    probs = np.broadcast_to(np.float32(0.5), rows)
+    with pytest.raises(InvalidInput, match=r"one row per token \(1\), got 1000000000"):
+        quickly(lambda: c.extend(1, [4], ids, probs), 2.0)
+    wide = (1, 10**7)
+    with pytest.raises(InvalidInput, match="1 <= k <= 4096"):
+        quickly(
+            lambda: c.recycle(
+                1, [4], np.broadcast_to(np.uint32(5), wide), np.broadcast_to(np.float32(0.5), wide)
+            ),
+            2.0,
+        )
+    c.extend(1, [4], [[5, 6]], [[0.5, 0.25]])  # a good row is kept as before
+
+
+@pytest.mark.parametrize("value", [1, 0, 1.0, "on", "yes"])
+def test_recycle_takes_booleans_not_numbers(value):
+    from lookahead.hf import LookaheadGenerator
+    from tiny_models import tiny_model
+
+    with pytest.raises(ValueError, match="recycle must be None, False, True or 'path'"):
+        LookaheadGenerator(tiny_model("llama"), None, recycle=value)

@@ -35,16 +35,30 @@ def as_numpy(x: Any, what: str) -> np.ndarray:
         raise InvalidInput(f"{what} must be a 2-D array, got {type(x).__name__}") from err
 
 
-def predictions(top_ids: Any, top_probs: Any) -> tuple[np.ndarray, np.ndarray]:
-    """`extend`'s prediction rows as (uint32, float32) C-contiguous arrays, their shapes,
-    dtypes and ids checked."""
+# The most prediction columns (k) a row may have: the cache keeps `recycle_k` <= 64 of them.
+MAX_PREDICTION_K = 4096
+
+
+def predictions(top_ids: Any, top_probs: Any, tokens: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`extend`'s prediction rows as (uint32, float32) C-contiguous arrays, their shapes
+    (one row per token of `tokens`, 1 to `MAX_PREDICTION_K` columns: checked before any
+    value is read, so a broadcast array of a billion rows costs nothing), dtypes and ids
+    checked."""
     if top_ids is None or top_probs is None:
         raise InvalidInput("top_ids and top_probs go together: give both or neither")
     ids, probs = as_numpy(top_ids, "top_ids"), as_numpy(top_probs, "top_probs")
-    if ids.ndim != 2 or ids.shape != probs.shape or ids.shape[1] < 1:
+    if ids.ndim != 2 or ids.shape != probs.shape or not 1 <= ids.shape[1] <= MAX_PREDICTION_K:
         raise InvalidInput(
-            f"top_ids and top_probs must be 2-D of one shape (rows, k >= 1), got "
-            f"{ids.shape} and {probs.shape}"
+            f"top_ids and top_probs must be 2-D of one shape (rows, 1 <= k <= "
+            f"{MAX_PREDICTION_K}), got {ids.shape} and {probs.shape}"
+        )
+    try:
+        rows = len(tokens)
+    except TypeError:
+        rows = None  # not a sequence: the core refuses it
+    if rows is not None and ids.shape[0] != rows:
+        raise InvalidInput(
+            f"top_ids and top_probs need one row per token ({rows}), got {ids.shape[0]}"
         )
     if ids.dtype.kind not in "iu" or probs.dtype.kind != "f":
         raise InvalidInput(

@@ -226,7 +226,7 @@ class LookaheadCache:
         if top_ids is None and top_probs is None:
             self._c.extend(rid, new_token_ids)
             return
-        ids, probs = predictions(top_ids, top_probs)
+        ids, probs = predictions(top_ids, top_probs, new_token_ids)
         self._c.extend_predicted(rid, new_token_ids, ids.ravel(), probs.ravel(), ids.shape[1])
 
     def recycle(
@@ -243,7 +243,7 @@ class LookaheadCache:
         computed off the accepted path, such as a prompt's prefill or a draft's rejected
         nodes. `after[j]` is the token before `token_ids[j]` (a draft node's parent); None:
         `token_ids` is a sequence (`token_ids[j - 1]`). A no-op where `recycle_k` is 0."""
-        ids, probs = predictions(top_ids, top_probs)
+        ids, probs = predictions(top_ids, top_probs, token_ids)
         self._c.recycle_after(rid, token_ids, after, ids.ravel(), probs.ravel(), ids.shape[1])
 
     def extend_batch(

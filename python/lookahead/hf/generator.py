@@ -109,7 +109,8 @@ class LookaheadGenerator:
         recycle: bool | str | None = None,
     ):
         check_model_supports_kv(model)
-        if recycle not in (None, False, True, "path"):
+        # `in (None, False, True, "path")` would take 1 and 0.0 as booleans
+        if not (recycle is None or isinstance(recycle, bool) or recycle == "path"):
             raise ValueError(f"recycle must be None, False, True or 'path', got {recycle!r}")
         self._prefill_kw = last_logits_only(model)
         attn = attention(model)

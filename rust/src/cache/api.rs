@@ -536,7 +536,9 @@ impl Cache {
 
 /// `rows` rows of `k >= 1` predictions, probabilities in [0, 1].
 pub(super) fn check_predictions(rows: usize, ids: &[u32], probs: &[f32], k: usize) -> Result<()> {
-    if k == 0 || ids.len() != rows * k || probs.len() != rows * k {
+    // checked: a hostile k (2**63, say) must not wrap `rows * k` into a length that passes
+    let want = rows.checked_mul(k);
+    if k == 0 || want != Some(ids.len()) || want != Some(probs.len()) {
         return Err(Error::InvalidInput(format!(
             "predictions must be {rows} rows (one per token) of k >= 1 entries, got {} ids \
              and {} probabilities for k = {k}",

@@ -313,6 +313,8 @@ fn recycled_rows_are_checked_and_kept_apart_by_namespace() {
         c.extend_predicted(&a, &[3], &[4, 5], &[0.5, 1.5], 2),
         c.extend_predicted(&a, &[3], &[], &[], 0),
         c.extend_predicted(&a, &[3], &[4], &[f32::NAN], 1),
+        // 2 * 2**63 wraps to 0 rows: refused before the context is extended
+        c.extend_predicted(&a, &[3, 3], &[], &[], 1 << 63),
     ] {
         assert!(matches!(bad, Err(Error::InvalidInput(_))), "{bad:?}");
     }

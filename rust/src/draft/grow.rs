@@ -5,8 +5,8 @@ use std::collections::BinaryHeap;
 
 use super::scoring::keep_best;
 use super::{
-    Cand, DraftTree, Scratch, Sources, State, BACKOFF_MIN_MASS, BACKOFF_PER_LEVEL, FRESH,
-    RECYCLE_MAX_MATCH,
+    reported_score, Cand, DraftTree, Scratch, Sources, State, BACKOFF_MIN_MASS, BACKOFF_PER_LEVEL,
+    FRESH, RECYCLE_MAX_MATCH,
 };
 
 /// The tree loop's own buffers, kept apart from `Scratch` because `expand` borrows both at once.
@@ -306,7 +306,7 @@ impl Sources<'_> {
                 let p = probs[i] * best.score;
                 tree.tokens.push(best.token);
                 tree.parents.push(i as i32);
-                tree.scores.push(p as f32);
+                tree.scores.push(reported_score(p));
                 probs.push(p);
                 i = tree.num_nodes() - 1;
                 st = (best.child != FRESH).then_some(best.child);
@@ -336,7 +336,7 @@ impl Sources<'_> {
             let i = tree.num_nodes();
             tree.tokens.push(cand.token);
             tree.parents.push(parent as i32);
-            tree.scores.push(prob as f32);
+            tree.scores.push(reported_score(prob));
             probs.push(prob);
             let room = budget + 1 - tree.num_nodes();
             if room == 0 {

@@ -123,6 +123,17 @@ pub struct Sources<'a> {
     pub recycled: Option<RecycleView<'a>>,
 }
 
+/// The least score a draft node reports. A node's score is the product of the scores on its
+/// path, which underflows f32 (and f64 in long single-branch drafts) a few hundred nodes
+/// deep: reported scores stay in (0, 1], floored here (the ranking uses the unfloored
+/// products).
+pub const MIN_SCORE: f32 = f32::MIN_POSITIVE;
+
+/// A path score as a draft reports it: as f32, at least `MIN_SCORE`.
+pub(crate) fn reported_score(p: f64) -> f32 {
+    (p as f32).max(MIN_SCORE)
+}
+
 /// A draft tree: node 0 is the root (last context token), `parents[0] == -1`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DraftTree {

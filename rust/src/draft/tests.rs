@@ -190,6 +190,22 @@ fn shorter_suffixes_back_off_with_the_escape_mass() {
 }
 
 #[test]
+fn scores_of_long_chains_stay_positive() {
+    // Each step of a count-1 chain scores 1/2: 400 steps is 2**-400, below f32's range.
+    let text: Vec<u32> = (10..500).collect();
+    let p = trie(&[&text], 3);
+    for multi in [false, true] {
+        let d = src(Some(&p), None, 3).draft(&[10, 11], 400, multi);
+        assert!(d.num_nodes() > 300, "{}", d.num_nodes());
+        assert!(
+            d.scores.iter().all(|x| (MIN_SCORE..=1.0).contains(x)),
+            "{:?}",
+            &d.scores[300..]
+        );
+    }
+}
+
+#[test]
 fn longest_suffix_wins_then_falls_back() {
     let p = trie(&[&[1, 2, 3, 9, 2, 3, 4]], 4);
     let s = src(Some(&p), None, 4);
