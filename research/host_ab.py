@@ -41,6 +41,20 @@ from benchmarks.trie import (
 )
 
 
+def _new_cache(m):
+    """A cache of build `m` with the same settings whatever its constructor's age: depth 12,
+    4M nodes, weights 4 / 1, no history skip, no recycling (the builds of early 2026-11-30 take
+    the first seven arguments, later ones history_skip too, today's the recycle settings)."""
+    args = (12, 4_000_000, 4.0, 1.0, False, False, 0)
+    for more in ((None, 0, 0, 1.0), (None,), ()):
+        try:
+            return m.Cache(*args, *more)
+        except TypeError:
+            if not more:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _load(tag: str, path: str):
     name = f"{tag}._core"  # PyO3's init symbol is PyInit__core: the last component must match
     loader = importlib.machinery.ExtensionFileLoader(name, path)
@@ -58,7 +72,7 @@ def drafts_ab(mods: dict, rounds: int) -> int:
     caches = {}
     for k, m in mods.items():
         # As `python -m benchmarks trie` builds them, on each build's core.
-        cache = LookaheadCache(_core_cache=m.Cache(12, 4_000_000, 4.0, 1.0, False, False, 0))
+        cache = LookaheadCache(_core_cache=_new_cache(m))
         fill_history(cache, texts, 1_000_000)
         rids = start_drafting_requests(cache, stream, 64, 1_000)
         caches[k] = cache._c
@@ -101,7 +115,7 @@ def main(argv: list[str]) -> int:
     caches = {}
     for k, m in mods.items():
         # The defaults of `LookaheadCache`, background indexing off.
-        c = m.Cache(12, 4_000_000, 4.0, 1.0, False, False, 0)
+        c = _new_cache(m)
         if history:
             c.add_history([stream[:hist_end].tolist()], "default")
         for r, o in enumerate(offs):
