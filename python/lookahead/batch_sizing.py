@@ -155,8 +155,9 @@ class BatchSizer:
             verified = min(n, w)
             path = accepted_path(tokens[b], parents[b], verified, emitted[b])
             s = bool(sampled[b])
-            would = learn(self.calibration[s], drafted, verified, path, emitted[b], s, lasts[b])
-            self._last[rid] = len(path) - 1 if would is None else would
+            self._last[rid] = learn(
+                self.calibration[s], drafted, verified, path, emitted[b], s, lasts[b]
+            )
 
     def forget(self, rids) -> None:
         """Requests that left: their regime values go."""

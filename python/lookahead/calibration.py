@@ -128,18 +128,19 @@ def learn(
     emitted: list,
     sampled: bool,
     last: int,
-) -> int | None:
+) -> int:
     """Teach `calibration` what the drafted nodes' scores were worth: `drafted` = (tokens,
     parents, scores) before the cut, of which the first `n` (root included) were verified;
-    `path` the accepted nodes (root first) and `emitted` the step's tokens. In greedy
-    decoding return what the whole draft would have accepted (read one level past the
-    verified nodes), else None."""
+    `path` the accepted nodes (root first) and `emitted` the step's tokens. Returns the next
+    step's regime value: in greedy decoding what the whole draft would have accepted (read
+    one level past the verified nodes, so that not drafting does not look like failing),
+    when sampling what it did accept."""
     if sampled:  # an accepted path says nothing of nodes not verified
         scores = drafted[2]
         took = np.zeros(n - 1)
         took[np.asarray(path[1:], dtype=np.int64) - 1] = 1.0
         calibration.observe(scores[1:n], took, last)
-        return None
+        return len(path) - 1
     all_tokens, all_parents, all_scores = drafted
     took, known = greedy_outcomes(all_tokens, all_parents, n, path, emitted)
     calibration.observe(all_scores[1:][known], took[known], last)

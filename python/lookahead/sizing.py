@@ -227,13 +227,7 @@ class CostAwareSizer:
         if step.drafted is None:
             return len(step.path) - 1
         cal = self.calibration[step.sampled]
-        # The next step's regime: in greedy decoding what this draft would have accepted
-        # one level past the verified nodes, so that not drafting does not look like
-        # failing; when sampling what it did accept.
-        would = learn(
-            cal, step.drafted, step.rows, step.path, step.emitted, step.sampled, step.last
-        )
-        return len(step.path) - 1 if would is None else would
+        return learn(cal, step.drafted, step.rows, step.path, step.emitted, step.sampled, step.last)
 
     def finish(self) -> None:
         """Write the learnt curve back to the cost file (for "auto" costs), at most every
