@@ -41,8 +41,7 @@ def batch_prior(max_rows: int = BATCH_MAX_ROWS):
     """The serving sizer's prior curve (see PRIOR_EXPONENT), to `max_rows` rows."""
     from lookahead.costs import CostModel
 
-    widths = sorted({1, max_rows, *(1 << i for i in range(max_rows.bit_length()))} - {0})
-    widths = [w for w in widths if w <= max_rows]
+    widths = sorted({max_rows, *(1 << i for i in range(max_rows.bit_length()))})
     return CostModel.from_rows({w: PRIOR_ONE_ROW_S * w**PRIOR_EXPONENT for w in widths})
 
 
@@ -128,8 +127,8 @@ class BatchSizer:
             if stale != w:
                 w = stale
                 self.explored += 1
-        self._step = (list(rids), tokens, parents, scores, num_nodes, w, lasts, sampled)
-        self._step_context = (band, int(context_len))
+        picked = (w, lasts, sampled, band, int(context_len))
+        self._step = (list(rids), tokens, parents, scores, num_nodes, *picked)
         return w
 
     def observe(self, forward_s: float, host_s: float, emitted) -> None:
@@ -138,9 +137,8 @@ class BatchSizer:
         bonus, in order)."""
         if self._step is None:
             return
-        rids, tokens, parents, scores, num_nodes, w, lasts, sampled = self._step
+        rids, tokens, parents, scores, num_nodes, w, lasts, sampled, band, context_len = self._step
         self._step = None
-        band, context_len = self._step_context
         rows = len(rids) * w
         self.learned.observe(rows, context_len, forward_s)
         self._measured_at[(band, rows)] = self.steps

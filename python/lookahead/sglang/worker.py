@@ -234,16 +234,16 @@ class LookaheadWorker(NGRAMWorker):
         before children, so a prefix is a tree)."""
         draft = self._prepare_draft_tokens(batch)
         tokens, parents = draft.tokens, draft.parents
-        if self._fixed_width is None:
-            self.draft_token_num = self._sized_width(batch, draft)
-        width = self.draft_token_num
-        if width < tokens.shape[1]:
-            tokens = np.ascontiguousarray(tokens[:, :width])
-            parents = np.ascontiguousarray(parents[:, :width])
         if batch.seq_lens_cpu is not None:
             seq_lens_sum = int(batch.seq_lens_cpu.sum())
         else:
             seq_lens_sum = int(batch.seq_lens_sum)
+        if self._fixed_width is None:
+            self.draft_token_num = self._sized_width(batch, draft, seq_lens_sum)
+        width = self.draft_token_num
+        if width < tokens.shape[1]:
+            tokens = np.ascontiguousarray(tokens[:, :width])
+            parents = np.ascontiguousarray(parents[:, :width])
         vt = build_verify_tensors(
             tokens,
             parents,
@@ -253,14 +253,10 @@ class LookaheadWorker(NGRAMWorker):
         )
         return tokens, parents, vt
 
-    def _sized_width(self, batch: Any, draft: BatchDraft) -> int:
-        """The sizer's width for this decode batch, from its drafts."""
+    def _sized_width(self, batch: Any, draft: BatchDraft, seq_lens_sum: int) -> int:
+        """The sizer's width for this decode batch, from its drafts and its cached tokens."""
         reqs = batch.reqs
-        if batch.seq_lens_cpu is not None:
-            total = int(batch.seq_lens_cpu.sum())
-        else:
-            total = int(batch.seq_lens_sum)
-        self._context = total // max(len(reqs), 1)
+        self._context = seq_lens_sum // max(len(reqs), 1)
         # SGLang makes a greedy request top_k = 1 (temperature 0 included).
         sampled = [getattr(r.sampling_params, "top_k", 1) != 1 for r in reqs]
         return self.sizer.width(
