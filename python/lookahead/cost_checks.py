@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from lookahead.args import is_int
 from lookahead.user_input import quote
 
 # A forward of W rows may be measured this much cheaper than one row (or a longer context
@@ -60,7 +61,7 @@ def _real(x) -> bool:
 def _ints(v, name: str, lo: int, hi: int) -> tuple:
     if not isinstance(v, list) or not 1 <= len(v) <= MAX_GRID:
         raise ValueError(f"malformed cost file: {name} must be a list of 1 to {MAX_GRID} ints")
-    if not all(isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi for x in v):
+    if not all(is_int(x) and lo <= x <= hi for x in v):
         raise ValueError(f"malformed cost file: {name} must be ints in [{lo}, {hi}]: {quote(v)}")
     return tuple(v)
 

@@ -30,7 +30,7 @@ from lookahead.demo_table import (
     summarize,
 )
 from lookahead.hf.recycling import RECYCLE_MODES
-from lookahead.user_input import UserInputError, loads_json, quote, read_file
+from lookahead.user_input import decode, loads_json, quote, read_file
 
 # The largest prompt file read (Spec-Bench's 480 prompts are 0.6 MB).
 MAX_PROMPT_FILE_BYTES = 64 << 20
@@ -51,11 +51,9 @@ def load_prompts(path=None, categories=DEFAULT_CATEGORIES, count=DEFAULT_COUNT) 
         source = "the shipped Spec-Bench sample"
     else:
         source = str(path)
-        raw = read_file(path, MAX_PROMPT_FILE_BYTES, "prompt file")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UserInputError(f"prompt file {source} is not UTF-8 text: {e}") from None
+        text = decode(
+            read_file(path, MAX_PROMPT_FILE_BYTES, "prompt file"), f"prompt file {source}"
+        )
     rows = []
     for i, line in enumerate(text.splitlines()):
         if not line.strip():

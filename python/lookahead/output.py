@@ -153,14 +153,11 @@ def _open_special(real: Path) -> int:
         try:
             fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK)
         except OSError as e:
-            if e.errno != errno.ENXIO or time.monotonic() > deadline:
-                if e.errno == errno.ENXIO:
-                    raise OSError(
-                        e.errno,
-                        f"no reader opened the FIFO within {FIFO_READER_WAIT_S:g} s",
-                        str(real),
-                    ) from None
+            if e.errno != errno.ENXIO:  # ENXIO: a FIFO no one has opened for reading yet
                 raise
+            if time.monotonic() > deadline:
+                why = f"no reader opened the FIFO within {FIFO_READER_WAIT_S:g} s"
+                raise OSError(e.errno, why, str(real)) from None
             time.sleep(0.05)
             continue
         os.set_blocking(fd, True)

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "QUOTE_CHARS",
     "UserInputError",
+    "decode",
     "loads_json",
     "quote",
     "read_file",
@@ -91,6 +92,14 @@ def read_file(path: str | os.PathLike, limit: int, what: str) -> bytes:
         os.close(fd)
 
 
+def decode(raw: bytes, what: str) -> str:
+    """`raw` as UTF-8 text; UserInputError naming `what` otherwise."""
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserInputError(f"{what} is not UTF-8 text: {e}") from None
+
+
 def _depth(value: Any) -> int:
     """The nesting depth of a parsed JSON value (0 for a scalar), without recursion."""
     deepest, stack = 0, [(value, 0)]
@@ -111,10 +120,7 @@ def loads_json(text: str | bytes, what: str) -> Any:
     """`json.loads(text)` within the bounds of this module; UserInputError naming `what`
     (a path, or a variable's name) otherwise."""
     if isinstance(text, (bytes, bytearray)):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UserInputError(f"{what} is not UTF-8 text: {e}") from None
+        text = decode(text, what)
 
     def pairs(items: list) -> dict:
         out: dict = {}
