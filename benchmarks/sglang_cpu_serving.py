@@ -148,11 +148,10 @@ def main(argv=None) -> int:
             if setting != "none":
                 extra = extra + ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
             server_env = dict(env)
-            # a stats line every 5 s: the row reports the last one's widths and sizer
-            config = {"stats_interval_s": 5, **SETTING_CONFIG.get(setting, {})}
-            if setting.startswith("lookahead") and args.lookahead_config:
-                config.update(json.loads(args.lookahead_config))
-            if setting.startswith("lookahead"):
+            ours = setting.startswith("lookahead")
+            if ours:  # a stats line every 5 s: the row reports the last one's widths and sizer
+                config = {"stats_interval_s": 5, **SETTING_CONFIG.get(setting, {})}
+                config.update(json.loads(args.lookahead_config or "{}"))
                 server_env["LOOKAHEAD_CONFIG"] = json.dumps(config)
             # A fresh server per concurrency: the prompts repeat between concurrencies, and a
             # drafter that kept the earlier answers would draft them from memory.
@@ -161,7 +160,7 @@ def main(argv=None) -> int:
             with CpuServer(model_path, server_args, log, env=server_env) as server:
                 server.generate("Hello", max_new_tokens=8)  # warm-up
                 results, wall = run_batch(server, prompts, c, args.output_len)
-                stats = server.stats_lines() if setting.startswith("lookahead") else []
+                stats = server.stats_lines() if ours else []
             ref = reference.get(c)
             if setting == "none":
                 reference[c] = [r["output_ids"] for r, _ in results]
