@@ -15,7 +15,8 @@ Measures, on this machine:
   a fresh child process: RSS growth, `stats()["bytes"]` per capacity node, µs per request
   (start + extend + draft + finish; mean and p99, the p99 being where eviction runs), and
   what one compaction of a shrunk history costs (`_core._time_compaction`: one pass under
-  that namespace's write lock);
+  that namespace's write lock), and the steps of its requests while it runs
+  (`Cache._time_compaction_stall`: built beside the history, and in place for comparison);
 - with `--peers`, next to the peers' rows: our cost per decoding step through the Python API
   (`extend` + `draft`, and the fused `step`) at 1k / 8k / 32k-token contexts, beside vLLM's
   n-gram scan over the same contexts (`benchmarks.peers.hostcost`).
@@ -260,6 +261,29 @@ def bench_compaction(tokens: int, depth: int = 12, reps: int = 3) -> dict:
             "ms": ns / 1e6, "ns_per_slot": ns / slots}  # fmt: skip
 
 
+def bench_compaction_stall(texts, stream, depth: int, nodes: int, reps: int = 2) -> list[dict]:
+    """Steps of 16 requests while their namespace's history (`nodes`, swept to half its
+    slots) is compacted on another thread: the longest and p99 step, with the compaction
+    built beside the history (today's) and in place under its write lock (before
+    2026-12-03), fresh caches alternating `reps` times."""
+    rows = []
+    for rep in range(reps):
+        for in_place in (False, True) if rep % 2 == 0 else (True, False):
+            cache, _ = build_history(texts, depth, nodes)
+            rids = start_drafting_requests(cache, stream, 16, 1_000, seed=rep)
+            tokens = stream[:4096].tolist()
+            ns, slots, live, steps = cache._c._time_compaction_stall("default", rids, tokens, 16, in_place)  # fmt: skip
+            us = np.asarray(steps, dtype=np.float64) / 1e3
+            # (A small history's compaction may end before any step does: no figures then.)
+            pct = {k: float(np.percentile(us, q)) if us.size else None
+                   for k, q in (("p50", 50), ("p99", 99), ("max", 100))}  # fmt: skip
+            rows.append({"what": "compaction_stall", "path": "in place" if in_place else "beside",
+                         "size": slots, "live": live, "ms": ns / 1e6, "steps": int(us.size),
+                         **pct, "unit": "us"})  # fmt: skip
+            del cache
+    return rows
+
+
 def bench_tenants(requests: int, capacity: int, names=(1, 1_000, 20_000)) -> list[dict]:
     """`run_tenants` for each count of namespaces; µs over the loop's second half."""
     rows = []
@@ -306,6 +330,11 @@ def print_rows(rows: list[dict]) -> None:
         elif r["what"] == "compaction":
             print(f"compaction of a history of {r['size']} slots ({r['live']} live): "
                   f"{r['ms']:.1f} ms, {r['ns_per_slot']:.1f} ns/slot")  # fmt: skip
+        elif r["what"] == "compaction_stall":
+            us = (f"p50 {r['p50']:.1f} p99 {r['p99']:.1f} max {r['max']:.1f} us"
+                  if r["steps"] else "none overlapped it")  # fmt: skip
+            print(f"steps during a compaction [{r['path']:8}] of {r['size']} slots ({r['live']} live, "
+                  f"{r['ms']:.1f} ms): {r['steps']} steps, {us}")  # fmt: skip
         elif r["what"].startswith("ratio"):
             print(f"{r['what']:<21} {r['path']:<24} median {r['median']:.2f}x over {r['rounds']} "
                   f"rounds (min {r['min']:.2f}x, max {r['max']:.2f}x)")  # fmt: skip
@@ -379,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(bench_concurrent(cache, rids, stream, args.iters, 8_000 if args.quick else 32_000))
     rows += bench_tenants(4_000 if args.quick else 40_000, 100_000)
     rows.append(bench_compaction(50_000 if args.quick else 400_000))
+    rows += bench_compaction_stall(texts, stream, args.depth, args.history_nodes)
     if args.peers:
         rows += peer_rows(texts, stream, args)
     print_rows(rows)

@@ -123,6 +123,14 @@ class Cache:
     def _time_drafts(
         self, rids: list[_Rid], budget: int, multi_branch: bool, iters: int
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], float]: ...
+    def _time_compaction_stall(
+        self,
+        namespace: str,
+        rids: list[_Rid],
+        tokens: list[int],
+        budget: int,
+        in_place: bool = False,
+    ) -> tuple[int, int, int, npt.NDArray[np.uint64]]: ...
 
 def _error_kinds() -> list[tuple[str, str]]: ...
 def _raise_error(kind: str, message: str) -> None: ...

@@ -5,7 +5,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-type Job = Box<dyn FnOnce() + Send + 'static>;
+pub type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// Fixed worker threads fed by a channel. Workers hold only the receiver, so dropping the
 /// pool (the sender) lets them exit once the queue is drained.
@@ -38,6 +38,11 @@ impl Pool {
                 })?;
         }
         Ok(Pool { tx: Mutex::new(tx) })
+    }
+
+    /// Another handle on the queue (the workers run until every handle is dropped).
+    pub fn queue(&self) -> Sender<Job> {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Queues `job`; returns it back if the workers are gone (the caller runs it inline).

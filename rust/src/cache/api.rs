@@ -76,6 +76,7 @@ impl Cache {
         let recycled = RwLock::new(Recycled::new(cfg.recycle_k, cfg.recycle_slots));
         let shared = Arc::new(Shared {
             budget: Arc::new(Budget::new(cfg.capacity_nodes)),
+            background: pool.as_ref().map(|p| Mutex::new(p.queue())),
             cfg,
             namespaces: RwLock::new(FxHashMap::default()),
             ring: Mutex::new(VecDeque::new()),
@@ -122,13 +123,9 @@ impl Cache {
         let ns = self.shared.use_namespace(namespace);
         let req = Arc::new(Request {
             ns,
-            state: Mutex::new(ReqState {
-                tail: prompt[prompt.len().saturating_sub(keep)..].to_vec(),
-                history: Cursors::stale(),
-                own: Cursors::stale(),
-                unindexed: Vec::new(),
-                unindexed_before: Vec::new(),
-            }),
+            state: Mutex::new(ReqState::new(
+                prompt[prompt.len().saturating_sub(keep)..].to_vec(),
+            )),
             prompt_tokens: Arc::new(prompt),
             prompt: Arc::new(PromptSlot::new()),
         });
@@ -145,23 +142,33 @@ impl Cache {
         let text = Arc::clone(&req.prompt_tokens);
         let slot = Arc::clone(&req.prompt);
         let ns = req.ns.share();
-        shared.in_flight.fetch_add(1, Ordering::AcqRel);
-        let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+        let job = move || {
             shared.run_build(&ns, &text, &slot);
             drop(ns);
             // Drop our handle first: a trie of a finished request is freed before we report done.
             drop(slot);
+        };
+        self.run_job(Box::new(job), true);
+        Ok(())
+    }
+
+    /// Runs `job` on the pool if `background` and there is one (counted as an operation in
+    /// flight until it is done), else here.
+    fn run_job(&self, job: Box<dyn FnOnce() + Send>, background: bool) {
+        let shared = Arc::clone(&self.shared);
+        shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+            job();
             shared.op_seq.fetch_add(1, Ordering::AcqRel);
             shared.in_flight.fetch_sub(1, Ordering::AcqRel);
         });
-        let inline = match &self.pool {
+        let inline = match self.pool.as_ref().filter(|_| background) {
             Some(pool) => pool.submit(job),
             None => Some(job),
         };
         if let Some(job) = inline {
             job();
         }
-        Ok(())
     }
 
     /// Appends verified tokens to the request's context and counts every n-gram (up to
@@ -339,7 +346,7 @@ impl Cache {
             let sh = &self.shared;
             if sh.cfg.history_weight > 0.0 {
                 // At weight 0 drafts never read the shared history: nothing to count there.
-                sh.count_into(&req.ns, &req.ns.history, &mut st.history, &st.tail, chunk);
+                sh.count_history(&req.ns, st, chunk);
             }
             match &own {
                 Ok(p) => sh.count_own(&req.ns, p, &mut st.own, &st.tail, chunk),
@@ -488,8 +495,30 @@ impl Cache {
         })?;
         req.prompt.close();
         let read = self.shared.cfg.history_weight > 0.0;
-        if read && keep_prompt.unwrap_or(self.shared.cfg.keep_prompt_as_history) {
-            self.shared.add_history(&req.ns, &req.prompt_tokens);
+        let keep = read && keep_prompt.unwrap_or(self.shared.cfg.keep_prompt_as_history);
+        // (A draft may still hold the request: its state stays.)
+        let (pending, before) = {
+            let mut st = lock(&req.state);
+            let st = &mut *st;
+            (
+                std::mem::take(&mut st.history_pending),
+                std::mem::take(&mut st.history_pending_before),
+            )
+        };
+        if keep || !pending.is_empty() {
+            // What is left for the history: the tokens a compaction or a save held off, and
+            // the prompt if kept. While they still hold the writers off, the pool counts it,
+            // so finishing does not wait for them.
+            let shared = Arc::clone(&self.shared);
+            let ns = req.ns.share();
+            let prompt = Arc::clone(&req.prompt_tokens);
+            let job = move || {
+                shared.count_history_later(&ns, &mut Cursors::stale(), &pending, before);
+                if keep {
+                    shared.add_history(&ns, &prompt);
+                }
+            };
+            self.run_job(Box::new(job), req.ns.held_long());
         }
         // A namespace left empty and unused by its last request goes now (if a draft still
         // holds the request, `tidy` or `make_room` drops it later).

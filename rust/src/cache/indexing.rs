@@ -17,20 +17,58 @@ use super::shared::{Held, Shared};
 /// Windows a prompt builder indexes between budget reservations.
 pub(super) const BUILD_CHUNK: usize = 1024;
 
+/// Tokens a request may leave for its namespace's history while a compaction or a save holds
+/// the history's writers off; past it, its steps wait.
+pub(super) const PENDING_TOKENS: usize = 4096;
+
+/// Where `count_into` counts.
+#[derive(Clone, Copy)]
+pub(super) enum Target<'a> {
+    /// A request's own trie.
+    Own(&'a RwLock<Trie>),
+    /// The namespace's history (written only with the namespace's writer right).
+    History,
+    /// The history, unless a compaction or a save holds its writers off: then nothing is
+    /// counted (a step's tokens, which wait for a later step).
+    HistoryUnlessHeld,
+}
+
+/// Feeds `f` the chunks of `text` (which follows `before`) with the context before each.
+fn in_chunks(text: &[u32], mut before: Vec<u32>, keep: usize, mut f: impl FnMut(&[u32], &[u32])) {
+    for chunk in text.chunks(CHUNK_TOKENS) {
+        f(&before, chunk);
+        before.extend_from_slice(chunk);
+        before.drain(..before.len().saturating_sub(keep));
+    }
+}
+
 impl Shared {
-    /// Counts into `trie` the n-grams ending at each token of `chunk` (at most
+    /// Counts into `target` the n-grams ending at each token of `chunk` (at most
     /// `CHUNK_TOKENS`), which follows `before` in the text, under one write-lock hold and a
-    /// budget reservation of what it may need. Returns the nodes it created.
+    /// budget reservation of what it may need. Returns the nodes it created, or `None` if
+    /// `HistoryUnlessHeld` found the history held.
     pub(super) fn count_into(
         &self,
         ns: &Namespace,
-        trie: &RwLock<Trie>,
+        target: Target<'_>,
         cur: &mut Cursors,
         before: &[u32],
         chunk: &[u32],
-    ) -> u64 {
+    ) -> Option<u64> {
         let depth = self.cfg.max_depth;
+        // Before the writer right: making room may sweep this very history.
         let got = self.reserve((chunk.len() * depth + depth * depth) as u64, ns);
+        let (_writing, trie) = match target {
+            Target::Own(t) => (None, t),
+            Target::History => (Some(ns.writing()), &ns.history),
+            Target::HistoryUnlessHeld => match ns.writing_unless_held() {
+                Some(w) => (Some(w), &ns.history),
+                None => {
+                    self.budget.release(got);
+                    return None;
+                }
+            },
+        };
         let mut t = write(trie);
         t.allowance = got;
         // The unused reservation goes back even if counting panics (a bug, reported to the
@@ -44,7 +82,7 @@ impl Shared {
         if let Err(e) = counted {
             std::panic::resume_unwind(e);
         }
-        got - unused
+        Some(got - unused)
     }
 
     /// `count_into` the request's own trie, while own-trie outputs fit their share of the
@@ -65,7 +103,9 @@ impl Shared {
             cur.epoch = u64::MAX;
             return;
         }
-        let added = self.count_into(ns, &own.trie, cur, before, chunk);
+        let added = self
+            .count_into(ns, Target::Own(&own.trie), cur, before, chunk)
+            .unwrap_or(0);
         own.outputs.fetch_add(added, Ordering::Relaxed);
         self.budget.note_own_outputs(added as i64);
     }
@@ -76,13 +116,77 @@ impl Shared {
             return;
         }
         let text = std::mem::take(&mut st.unindexed);
-        let mut before = std::mem::take(&mut st.unindexed_before);
+        let before = std::mem::take(&mut st.unindexed_before);
+        in_chunks(&text, before, self.cfg.max_depth - 1, |b, c| {
+            self.count_own(ns, own, &mut st.own, b, c)
+        });
+    }
+
+    /// Counts a step's `chunk` (at most `CHUNK_TOKENS`, following `st.tail`) into the
+    /// namespace's history, after the tokens left for it earlier. While a compaction or a
+    /// save holds the history's writers off, leaves it for a later step instead (up to
+    /// `PENDING_TOKENS`; past that the step waits), so the step does not wait for them; its
+    /// drafts meanwhile walk the history from the root (its cursors there are stale).
+    pub(super) fn count_history(&self, ns: &Namespace, st: &mut ReqState, chunk: &[u32]) {
+        if st.history_pending.is_empty() {
+            let target = Target::HistoryUnlessHeld;
+            if self
+                .count_into(ns, target, &mut st.history, &st.tail, chunk)
+                .is_some()
+            {
+                return;
+            }
+            let keep = self.cfg.max_depth - 1;
+            st.history_pending_before = st.tail[st.tail.len().saturating_sub(keep)..].to_vec();
+            st.history.epoch = u64::MAX;
+            st.history_pending.extend_from_slice(chunk);
+            return;
+        }
+        st.history_pending.extend_from_slice(chunk);
+        let wait = st.history_pending.len() > PENDING_TOKENS;
+        self.flush_history(ns, st, wait);
+    }
+
+    /// Counts the tokens a request left for its namespace's history (if any); unless
+    /// `wait`, stops where a compaction or a save holds the writers off, and leaves the
+    /// rest for later.
+    fn flush_history(&self, ns: &Namespace, st: &mut ReqState, wait: bool) {
+        let text = std::mem::take(&mut st.history_pending);
+        let mut before = std::mem::take(&mut st.history_pending_before);
         let keep = self.cfg.max_depth - 1;
+        let target = if wait {
+            Target::History
+        } else {
+            Target::HistoryUnlessHeld
+        };
+        let mut done = 0;
         for chunk in text.chunks(CHUNK_TOKENS) {
-            self.count_own(ns, own, &mut st.own, &before, chunk);
+            if self
+                .count_into(ns, target, &mut st.history, &before, chunk)
+                .is_none()
+            {
+                st.history_pending = text[done..].to_vec();
+                st.history_pending_before = before;
+                st.history.epoch = u64::MAX;
+                return;
+            }
             before.extend_from_slice(chunk);
             before.drain(..before.len().saturating_sub(keep));
+            done += chunk.len();
         }
+    }
+
+    /// Counts `text`, which follows `before`, into the namespace's history.
+    pub(super) fn count_history_later(
+        &self,
+        ns: &Namespace,
+        cur: &mut Cursors,
+        text: &[u32],
+        before: Vec<u32>,
+    ) {
+        in_chunks(text, before, self.cfg.max_depth - 1, |b, c| {
+            self.count_into(ns, Target::History, cur, b, c);
+        });
     }
 
     /// Builds the own trie of `text`; stops early (truncated) when the budget is spent

@@ -156,11 +156,113 @@ impl Cache {
     /// trie's nodes go back to the budget.
     pub(crate) fn install_history(&self, name: &str, trie: Trie) {
         let ns = self.shared.use_namespace(name);
+        let writing = ns.writing();
         let old = std::mem::replace(&mut *write(&ns.history), trie);
+        drop(writing);
         self.shared.budget.release(old.nodes() + old.allowance);
     }
 
     pub(crate) fn budget(&self) -> &Budget {
         &self.shared.budget
+    }
+}
+
+/// What `Cache::time_compaction_stall` measured.
+pub struct CompactionStall {
+    /// The compaction's wall time, and the history's slots and live nodes before it.
+    pub compaction_ns: u64,
+    pub slots: u64,
+    pub live: u64,
+    /// Wall time of each step that overlapped the compaction.
+    pub steps_ns: Vec<u64>,
+}
+
+impl Cache {
+    /// Benchmark helper: sweeps `namespace`'s history until its free slots outnumber its
+    /// live nodes (what makes eviction compact it), then compacts it on a second thread
+    /// while this one runs `step(rid, [token], budget)` over `rids` and `tokens` back to
+    /// back. `in_place`: the compaction holds the history's write lock for its whole pass
+    /// (as before compactions were built beside the history), for comparison.
+    pub fn time_compaction_stall(
+        &self,
+        namespace: &str,
+        rids: &[RequestId],
+        tokens: &[u32],
+        budget: usize,
+        in_place: bool,
+    ) -> Result<CompactionStall> {
+        if rids.is_empty() || tokens.is_empty() {
+            return Err(Error::InvalidInput(
+                "rids and tokens must not be empty".into(),
+            ));
+        }
+        let ns = read(&self.shared.namespaces)
+            .get(namespace)
+            .cloned()
+            .ok_or_else(|| Error::InvalidInput(format!("no namespace {namespace:?}")))?;
+        loop {
+            let h = read(&ns.history);
+            if h.free_slots() >= h.nodes() || h.nodes() == 0 {
+                break;
+            }
+            drop(h);
+            let writing = ns.writing();
+            let freed = write(&ns.history).sweep(1 << 20, u64::MAX);
+            drop(writing);
+            self.shared.budget.release(freed);
+        }
+        let (slots, live) = {
+            let h = read(&ns.history);
+            (u64::from(h.arena.slots()), h.nodes())
+        };
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let start = std::sync::Barrier::new(2);
+        let mut steps = Vec::new();
+        let (span, result) = std::thread::scope(|s| {
+            let compaction = s.spawn(|| {
+                start.wait();
+                let t0 = std::time::Instant::now();
+                if in_place {
+                    let _writing = ns.writing();
+                    write(&ns.history).compact();
+                } else {
+                    ns.compact_history();
+                }
+                let t1 = std::time::Instant::now();
+                done.store(true, Ordering::Release);
+                (t0, t1)
+            });
+            start.wait();
+            let mut i = 0;
+            let mut result = Ok(());
+            while !done.load(Ordering::Acquire) {
+                let t0 = std::time::Instant::now();
+                let step = self.step(
+                    &rids[i % rids.len()],
+                    &tokens[i % tokens.len()..][..1],
+                    budget,
+                    true,
+                );
+                steps.push((t0, std::time::Instant::now()));
+                if let Err(e) = step {
+                    result = Err(e);
+                    break;
+                }
+                i += 1;
+            }
+            (compaction.join().expect("compaction panicked"), result)
+        });
+        result?;
+        let (c0, c1) = span;
+        Ok(CompactionStall {
+            compaction_ns: (c1 - c0).as_nanos() as u64,
+            slots,
+            live,
+            steps_ns: steps
+                .iter()
+                .filter(|(a, b)| *b > c0 && *a < c1)
+                .map(|(a, b)| (*b - *a).as_nanos() as u64)
+                .collect(),
+        })
     }
 }

@@ -1,8 +1,9 @@
 //! The lock helpers, and the order locks are taken in.
 //!
 //! Lock order, never reversed: request state -> the request's prompt slot -> the request's
-//! own trie -> one namespace lock (a draft reads its own trie, then the history; `extend`
-//! writes one trie at a time). Budget reservations, which may evict history, happen before a
+//! own trie -> one namespace's writer right (`Namespace::writer`, taken by whoever writes
+//! that history, and by a compaction or a save for their pass) -> that namespace's lock (a
+//! draft reads its own trie, then the history; `extend` writes one trie at a time). Budget reservations, which may evict history, happen before a
 //! trie lock is taken; nothing holding a namespace lock takes another lock but the
 //! recycled-prediction table's (read, last, by drafts; its writers hold it alone). The name
 //! map of namespaces comes before any history lock (and dropping a namespace only tries that

@@ -29,6 +29,7 @@ mod tests;
 
 pub use api::{Cache, Stats};
 pub use config::*;
+pub use inspect::CompactionStall;
 pub use locks::panic_message;
 pub use namespace::Namespace;
 pub use request::{OwnTrie, RequestId};

@@ -174,6 +174,25 @@ pub(super) struct ReqState {
     /// it when it is ready), and the `max_depth - 1` context tokens before the first of them.
     pub(super) unindexed: Vec<u32>,
     pub(super) unindexed_before: Vec<u32>,
+    /// Verified tokens not yet counted into the history, which a compaction or a save held
+    /// off (`Shared::count_history`), and the context tokens before the first of them.
+    pub(super) history_pending: Vec<u32>,
+    pub(super) history_pending_before: Vec<u32>,
+}
+
+impl ReqState {
+    /// A request's state before any step: its context ends with `tail`.
+    pub(super) fn new(tail: Vec<u32>) -> Self {
+        ReqState {
+            tail,
+            history: Cursors::stale(),
+            own: Cursors::stale(),
+            unindexed: Vec::new(),
+            unindexed_before: Vec::new(),
+            history_pending: Vec::new(),
+            history_pending_before: Vec::new(),
+        }
+    }
 }
 
 pub(super) struct Request {

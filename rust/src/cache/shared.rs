@@ -4,14 +4,16 @@
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::evict::Budget;
+use crate::pool::Job;
 use crate::recycle::Recycled;
-use crate::trie::Trie;
+use std::sync::mpsc::Sender;
 
 use super::config::{Config, CHUNK_TOKENS, NAMESPACE_SHARE, SWEEP_VISITS};
+use super::indexing::Target;
 use super::locks::{lock, read, write};
 use super::namespace::{Namespace, NsUse};
 use super::request::Cursors;
@@ -24,9 +26,6 @@ pub(super) const MAX_PASSES: usize = 48;
 /// falls back to the requester's own history: the cost of one eviction does not grow with
 /// the number of namespaces.
 pub(super) const MAX_LOOKS: usize = 64;
-
-/// Free slots a history arena may keep beyond its live nodes before it is compacted.
-pub(super) const COMPACT_SLACK: u64 = 64;
 
 /// Ring entries a new namespace's creation looks at, dropping the unused empty ones: the
 /// ring stays within a small factor of the live namespaces without any sweep over them.
@@ -46,6 +45,8 @@ impl Drop for Held<'_> {
 pub(super) struct Shared {
     pub(super) cfg: Config,
     pub(super) budget: Arc<Budget>,
+    /// The pool's queue (with background indexing), for compactions.
+    pub(super) background: Option<Mutex<Sender<Job>>>,
     pub(super) namespaces: RwLock<FxHashMap<String, Arc<Namespace>>>,
     /// Every namespace in eviction order (CLOCK over namespaces: the front is the next
     /// candidate); entries of dropped namespaces are discarded when they reach the front.
@@ -108,15 +109,8 @@ impl Shared {
         if let Some(ns) = all.get(name) {
             return take(ns);
         }
-        let ns = Arc::new(Namespace {
-            name: name.to_owned(),
-            id: self.ns_seq.fetch_add(1, Ordering::Relaxed),
-            history: RwLock::new(Trie::new()),
-            users: AtomicUsize::new(0),
-            used_at: AtomicU64::new(now),
-            queued_at: AtomicU64::new(now),
-            dropped: AtomicBool::new(false),
-        });
+        let id = self.ns_seq.fetch_add(1, Ordering::Relaxed);
+        let ns = Arc::new(Namespace::new(name, id, now));
         all.insert(name.to_owned(), Arc::clone(&ns));
         let got = take(&ns);
         drop(all);
@@ -157,7 +151,13 @@ impl Shared {
             return 0;
         }
         // Never wait for the history under the map lock (every lookup waits on that one): a
-        // namespace being saved or compacted right now is simply not dropped this time.
+        // namespace being written, saved or compacted right now is simply not dropped this
+        // time.
+        let _writing = match ns.writer.try_lock() {
+            Ok(w) => w,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return 0,
+        };
         let mut h = match ns.history.try_write() {
             Ok(h) => h,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
@@ -241,16 +241,19 @@ impl Shared {
     /// CLOCK-sweeps `ns`'s history until `want` nodes are freed or it is empty (at most
     /// `MAX_PASSES` revolutions, one namespace lock held for `SWEEP_VISITS` slots at a
     /// time), then compacts it if eviction left more free slots than live nodes, so a
-    /// shrunk history gives its memory back. Returns the nodes freed.
+    /// shrunk history gives its memory back. A history that a compaction or a save holds
+    /// is passed over (its writers would wait for them). Returns the nodes freed.
     pub(super) fn evict_in(&self, ns: &Namespace, want: u64) -> u64 {
         let mut freed = 0;
         for _ in 0..MAX_PASSES {
             let slots = read(&ns.history).arena.slots();
             let mut visited = 0u32;
             while visited < slots && freed < want {
-                let mut h = write(&ns.history);
-                let f = h.sweep(SWEEP_VISITS.min(slots - visited), want - freed);
-                drop(h);
+                let Some(writing) = ns.writing_unless_held() else {
+                    return freed;
+                };
+                let f = write(&ns.history).sweep(SWEEP_VISITS.min(slots - visited), want - freed);
+                drop(writing);
                 self.budget.release(f);
                 freed += f;
                 visited = visited.saturating_add(SWEEP_VISITS);
@@ -259,11 +262,39 @@ impl Shared {
                 break;
             }
         }
-        let mut h = write(&ns.history);
-        if h.free_slots() > h.nodes() + COMPACT_SLACK {
-            h.compact();
-        }
+        self.compact_soon(ns);
         freed
+    }
+
+    /// Has `ns`'s history compacted if eviction left it more free slots than live nodes
+    /// (`Namespace::compact_history`): by a pool thread when the cache has one (the step
+    /// whose reservation evicted does not pay for it), else here.
+    pub(super) fn compact_soon(&self, ns: &Namespace) {
+        if !ns.wants_compaction() {
+            return;
+        }
+        let Some(tx) = &self.background else {
+            ns.compact_history();
+            return;
+        };
+        // The job needs its own handle on the namespace: the one in the name map.
+        let Some(ns) = read(&self.namespaces)
+            .get(&ns.name)
+            .filter(|x| std::ptr::eq(&***x, ns))
+            .cloned()
+        else {
+            return; // dropped meanwhile: nothing to give back
+        };
+        if ns.compaction_queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let job = move || {
+            ns.compaction_queued.store(false, Ordering::Release);
+            ns.compact_history();
+        };
+        if let Err(job) = lock(tx).send(Box::new(job)) {
+            (job.0)(); // the pool is gone (the cache is being dropped)
+        }
     }
 
     /// Reserves up to `need` nodes for a write of `requester`'s, evicting shared history if
@@ -299,7 +330,7 @@ impl Shared {
             // The n-grams ending at each token, as `extend` counts them (same counts as all
             // windows of the text, and suffix links come for free).
             let before = &text[s.saturating_sub(depth - 1)..s];
-            self.count_into(ns, &ns.history, &mut cur, before, &text[s..end]);
+            self.count_into(ns, Target::History, &mut cur, before, &text[s..end]);
             s = end;
         }
     }

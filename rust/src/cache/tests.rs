@@ -1,3 +1,5 @@
+use super::locks::{read, write};
+use super::namespace::COMPACT_SLACK;
 use super::*;
 use crate::error::Error;
 use std::collections::HashMap as Map;
@@ -350,4 +352,129 @@ fn a_recycled_token_is_continued_from_its_own_path() {
         .map(|i| d.tokens[i])
         .collect();
     assert_eq!(kids.first(), Some(&60), "{d:?}");
+}
+
+/// The same steps on two caches, the first with its history held (as a compaction or a save
+/// holds it) during `held` of them: each held step must finish without waiting, and once
+/// the hold ends the histories must be the same.
+fn steps_beside_a_hold(held: std::ops::Range<usize>, finish_while_held: bool) {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let text: Vec<u32> = (0..2000u32).map(|i| (i * 7 + i / 11) % 37).collect();
+    let outs: Vec<u32> = (0..40u32).map(|i| (i * 5) % 37).collect();
+    let (a, b) = (
+        Cache::new(cfg(5, 1 << 20, true)).unwrap(),
+        Cache::new(cfg(5, 1 << 20, false)).unwrap(),
+    );
+    let rid = RequestId::Int(1);
+    for c in [&a, &b] {
+        c.add_history(std::slice::from_ref(&text), "x").unwrap();
+        c.start_request(rid.clone(), vec![3, 1, 4], "x").unwrap();
+    }
+    let ns = a.namespaces()[0].clone();
+    let run = |c: &Cache, i: usize| c.step(&rid, &outs[i * 2..i * 2 + 2], 8, true).unwrap();
+    for i in 0..held.start {
+        assert_eq!(run(&a, i), run(&b, i));
+    }
+    std::thread::scope(|s| {
+        // Inside the scope: if an assertion fails, the hold ends as the closure unwinds,
+        // so the scope can join a step that did wait.
+        let hold = ns.hold_long();
+        let frozen = read(&ns.history);
+        let before = frozen.ngrams();
+        let (tx, rx) = mpsc::channel();
+        let (a, held2, rid2) = (&a, held.clone(), rid.clone());
+        s.spawn(move || {
+            for i in held2 {
+                run(a, i);
+                tx.send(()).unwrap();
+            }
+            if finish_while_held {
+                a.finish_request(&rid2, Some(true)).unwrap();
+                tx.send(()).unwrap();
+            }
+        });
+        for i in held.clone() {
+            let got = rx.recv_timeout(Duration::from_secs(30));
+            assert!(got.is_ok(), "step {i} waited for the hold");
+            b.step(&rid, &outs[i * 2..i * 2 + 2], 8, true).unwrap();
+        }
+        if finish_while_held {
+            assert!(
+                rx.recv_timeout(Duration::from_secs(30)).is_ok(),
+                "finish waited"
+            );
+        }
+        assert_eq!(
+            frozen.ngrams(),
+            before,
+            "the history was written under the hold"
+        );
+        drop(frozen);
+        drop(hold);
+    });
+    if finish_while_held {
+        b.finish_request(&rid, Some(true)).unwrap();
+        wait_idle(&a);
+    } else {
+        for i in held.end..outs.len() / 2 {
+            assert_eq!(run(&a, i), run(&b, i), "step {i}");
+        }
+    }
+    a.check_invariants().unwrap();
+    let (mut x, mut y) = (a.history_ngrams("x"), b.history_ngrams("x"));
+    x.sort();
+    y.sort();
+    assert_eq!(x, y);
+}
+
+#[test]
+fn steps_go_on_while_a_compaction_or_a_save_holds_the_history() {
+    steps_beside_a_hold(3..9, false);
+}
+
+#[test]
+fn finishing_while_the_history_is_held_counts_what_was_left() {
+    steps_beside_a_hold(2..5, true);
+}
+
+#[test]
+fn compacting_a_shrunk_history_keeps_its_ngrams() {
+    let c = Cache::new(cfg(5, 1 << 20, false)).unwrap();
+    let text: Vec<u32> = (0..5000u32).map(|i| (i * 7 + i / 13) % 101).collect();
+    c.add_history(std::slice::from_ref(&text), "x").unwrap();
+    let ns = c.namespaces()[0].clone();
+    let nodes = read(&ns.history).nodes();
+    // Sweep without compacting, until most slots are free.
+    while read(&ns.history).free_slots() <= nodes / 2 + COMPACT_SLACK {
+        let f = write(&ns.history).sweep(1 << 16, nodes);
+        c.budget().release(f);
+    }
+    let (mut want, epoch) = (c.history_ngrams("x"), read(&ns.history).epoch);
+    assert!(ns.compact_history());
+    assert_eq!(read(&ns.history).free_slots(), 0);
+    assert!(
+        read(&ns.history).epoch > epoch,
+        "cursors into the old arena must go stale"
+    );
+    assert!(!ns.compact_history(), "nothing left to compact");
+    let mut got = c.history_ngrams("x");
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    c.check_invariants().unwrap();
+}
+
+/// Waits (at most 30 s) until no job of `c` is in flight.
+fn wait_idle(c: &Cache) {
+    let t0 = std::time::Instant::now();
+    while c
+        .shared
+        .in_flight
+        .load(std::sync::atomic::Ordering::Acquire)
+        > 0
+    {
+        assert!(t0.elapsed().as_secs() < 30, "jobs still in flight");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }

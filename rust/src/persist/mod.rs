@@ -263,6 +263,9 @@ fn write_body(cache: &Cache, w: &mut impl Write) -> std::io::Result<()> {
     let all = cache.namespaces();
     w.write_all(&(all.len() as u32).to_le_bytes())?;
     for ns in all {
+        // Writers are held off for the walk (their steps leave their tokens for later);
+        // drafts go on reading.
+        let _hold = ns.hold_long();
         let h = ns.history.read().unwrap_or_else(|e| e.into_inner());
         w.write_all(&(ns.name.len() as u32).to_le_bytes())?;
         w.write_all(ns.name.as_bytes())?;

@@ -428,6 +428,34 @@ impl PyCache {
             nodes,
         ))
     }
+
+    /// Benchmark helper (`Cache::time_compaction_stall`): compacts `namespace`'s shrunk
+    /// history on a second thread while this one steps `rids` one token at a time, without
+    /// the GIL. Returns (compaction ns, slots before, live nodes, wall ns of each step that
+    /// overlapped it).
+    #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (namespace, rids, tokens, budget, in_place=false))]
+    fn _time_compaction_stall<'py>(
+        &self,
+        py: Python<'py>,
+        namespace: String,
+        rids: Vec<Bound<'py, PyAny>>,
+        tokens: Vec<u32>,
+        budget: usize,
+        in_place: bool,
+    ) -> PyResult<(u64, u64, u64, Bound<'py, PyArray1<u64>>)> {
+        let ids = rids.iter().map(args::rid).collect::<PyResult<Vec<_>>>()?;
+        let r = run(py, || {
+            self.inner
+                .time_compaction_stall(&namespace, &ids, &tokens, budget, in_place)
+        })?;
+        Ok((
+            r.compaction_ns,
+            r.slots,
+            r.live,
+            PyArray1::from_vec(py, r.steps_ns),
+        ))
+    }
 }
 
 fn thread_cpu_ns() -> u64 {

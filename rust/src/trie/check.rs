@@ -170,6 +170,12 @@ impl Trie {
     /// arena's memory to the allocator. One pass over the slots; node indices change, so
     /// the epoch moves on and every cursor into the trie goes stale.
     pub fn compact(&mut self) {
+        *self = self.compacted();
+    }
+
+    /// What `compact` turns this trie into, built from a shared borrow: a history is
+    /// compacted under its read lock (drafts go on reading it) and swapped in after.
+    pub fn compacted(&self) -> Trie {
         let slots = self.arena.slots();
         let mut to = vec![NONE; slots as usize];
         let mut live = 0u32;
@@ -201,14 +207,20 @@ impl Trie {
             };
             arena.alloc(moved);
         }
-        self.arena = arena;
-        self.sides = Vec::new();
-        self.free_sides = Vec::new();
+        let mut out = Trie {
+            arena,
+            sides: Vec::new(),
+            free_sides: Vec::new(),
+            allowance: self.allowance,
+            epoch: self.epoch + 1,
+            hand: 1,
+            evicted: self.evicted,
+            count_link_refs: self.count_link_refs,
+        };
         for n in sided {
-            self.make_side(n);
+            out.make_side(n);
         }
-        self.epoch += 1;
-        self.hand = 1;
+        out
     }
 
     /// The n-gram of node `n` (root to `n`).
