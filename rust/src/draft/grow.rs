@@ -242,6 +242,7 @@ impl Sources<'_> {
     /// parent's, where that pair has a row), scored `weight * p`, if `matched` is at most
     /// `RECYCLE_MAX_MATCH`; a token both offer keeps the higher score and the trie's state.
     /// Keeps the best `room`.
+    #[inline]
     pub(super) fn add_recycled(
         &self,
         ctx: &[u32],
@@ -251,9 +252,21 @@ impl Sources<'_> {
         room: usize,
         out: &mut Vec<Cand>,
     ) {
-        if matched > RECYCLE_MAX_MATCH {
-            return;
+        // Inlined, so that with recycling off a draft pays one test per node for it.
+        if self.recycled.is_some() && matched <= RECYCLE_MAX_MATCH {
+            self.add_recycled_row(ctx, tree, i, room, out);
         }
+    }
+
+    /// `add_recycled`'s work, where recycling is on and the match is short enough.
+    fn add_recycled_row(
+        &self,
+        ctx: &[u32],
+        tree: &DraftTree,
+        i: usize,
+        room: usize,
+        out: &mut Vec<Cand>,
+    ) {
         let Some((ids, probs, weight)) = self.recycled_row(ctx, tree, i) else {
             return;
         };

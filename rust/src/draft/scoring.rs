@@ -126,30 +126,35 @@ impl Sources<'_> {
         out: &mut Vec<Cand>,
     ) -> (f64, bool) {
         let tries = self.tries();
-        let live = |x: usize| self.part(&st, x);
+        let live = [self.part(&st, 0), self.part(&st, 1)];
+        out.clear();
+        let leaf = |x: usize| live[x].is_none_or(|t| t.node(st.nodes[x]).first_child == NONE);
+        if leaf(0) && leaf(1) {
+            // A window's end (common deep in a branch): nothing to score, no mass.
+            return (0.0, room > 0);
+        }
         let mut ranked: [Option<&Side>; 2] = [None, None];
         let offer = if top { BACKOFF_TOP } else { TOP_K };
         let mut every_child = true;
         for (x, r) in ranked.iter_mut().enumerate() {
-            if let Some(side) = live(x).and_then(|t| t.side(st.nodes[x])) {
+            if let Some(side) = live[x].and_then(|t| t.side(st.nodes[x])) {
                 if offers(side, top) {
                     *r = Some(side);
                     every_child &= side.top.len().min(offer) == side.num_children();
                 }
             }
         }
-        out.clear();
         let raw = &mut scratch.raw;
         raw.clear();
         let mut sums = [0u64; 2];
         let mut kids = [0u64; 2];
         let mut split = 0;
         for x in 0..2 {
-            if let Some(t) = live(x) {
+            if let Some(t) = live[x] {
                 let y = 1 - x;
                 // Only a ranked list is looked up (a hash map); a trie without one lists all
                 // its children here, and the fold below pairs the entries by token.
-                let other = live(y).filter(|_| ranked[y].is_some());
+                let other = live[y].filter(|_| ranked[y].is_some());
                 let mut add = |tok: u32, cnt: u32, c: u32| {
                     let (mut oc, mut on) = (0, NONE);
                     if let Some(o) = other {
@@ -190,6 +195,11 @@ impl Sources<'_> {
             if x == 0 {
                 split = raw.len();
             }
+        }
+        if raw.is_empty() {
+            // Children of count 0 only (decayed by eviction): no mass either (`mass` would
+            // divide 0 by 0).
+            return (0.0, every_child && room > 0);
         }
         fold_by_token(raw, split);
         let (w_own, w_hist, dens) = self.weights(sums, kids);
