@@ -2,6 +2,7 @@
 
     python -m research.host_ab OLD/_core.abi3.so NEW/_core.abi3.so [CTX] [ROUNDS] [--history]
     python -m research.host_ab OLD/_core.abi3.so NEW/_core.abi3.so --drafts [ROUNDS]
+    python -m research.host_ab OLD/_core.abi3.so NEW/_core.abi3.so --rows [ROUNDS]
 
 Build each version (`cargo build --release --features python --manifest-path
 rust/Cargo.toml`, then copy `target/release/liblookahead_core.so` somewhere; never over the
@@ -18,7 +19,13 @@ the request's context, as it always does.
 `--drafts`: drafts alone, as `python -m benchmarks trie` times them (`Cache._time_drafts`, timed
 inside Rust): a history of 1M nodes (the Spec-Bench words, shifted copies), 64 requests
 with 1k-token prompts, budget 8 / 16 / 32 trees and a 16-token chain; rounds of 5,000 drafts
-alternate between the builds (default 10).
+alternate between the builds (default 10). Mean, p99 and thread-CPU mean per build (median
+over rounds), and the median over rounds of the new/old ratio of each.
+
+`--rows`: the other rows of BENCHMARKS.md §3, build against build in alternating order:
+prompt indexing at 1k / 8k / 32k tokens (`_core._time_index`, the median of 5 per round),
+history insert (ns per token filling a 1M-node history through `add_history`), and budget-16
+drafts while another thread indexes 32k-token prompts into the same cache.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 import time
 
 import numpy as np
@@ -77,30 +85,90 @@ def drafts_ab(mods: dict, rounds: int) -> int:
         rids = start_drafting_requests(cache, stream, 64, 1_000)
         caches[k] = cache._c
     for budget, multi in ((8, True), (16, True), (32, True), (16, False)):
-        res = {"old": [], "new": []}
+        res = {k: {"mean": [], "p99": [], "cpu mean": []} for k in ("old", "new")}
         for rd in range(rounds):
             for k in ("old", "new") if rd % 2 == 0 else ("new", "old"):
-                wall, _, _ = caches[k]._time_drafts(rids, budget, multi, 5000)
-                res[k].append(np.mean(wall) / 1e3)
-        old, new = np.array(res["old"]), np.array(res["new"])
+                wall, cpu, _ = caches[k]._time_drafts(rids, budget, multi, 5000)
+                res[k]["mean"].append(np.mean(wall) / 1e3)
+                res[k]["p99"].append(np.percentile(wall, 99) / 1e3)
+                res[k]["cpu mean"].append(np.mean(cpu) / 1e3)
+        _report(f"draft budget {budget} {'tree' if multi else 'chain'}, µs", res, rounds)
+    return 0
+
+
+def _report(what: str, res: dict, rounds: int) -> None:
+    """One line per statistic: each build's median over rounds and the new/old ratio."""
+    for stat in res["old"]:
+        old, new = np.array(res["old"][stat]), np.array(res["new"][stat])
         print(
-            f"draft budget {budget} {'tree' if multi else 'chain'}: mean µs (median over rounds) "
-            f"old {np.median(old):.2f} new {np.median(new):.2f}; new/old "
+            f"{what} {stat}: old {np.median(old):.2f} new {np.median(new):.2f}; new/old "
             f"{np.median(new / old):.3f} (new cheaper in {int((new < old).sum())}/{rounds} rounds)"
         )
+
+
+def rows_ab(mods: dict, rounds: int) -> int:
+    """`--rows`: indexing, history insert, and drafts while indexing, build against build."""
+    texts = spec_bench_texts(DEFAULT_QUESTIONS)
+    stream = np.concatenate(texts)
+    order = lambda rd: ("old", "new") if rd % 2 == 0 else ("new", "old")  # noqa: E731
+    for n in (1_000, 8_000, 32_000):
+        prompt = np.ascontiguousarray(np.resize(stream, n), dtype=np.uint32)
+        res = {k: {"ns/token": []} for k in mods}
+        for rd in range(rounds):
+            for k in order(rd):
+                ns = sorted(mods[k]._time_index(prompt, 12)[0] for _ in range(5))[2]
+                res[k]["ns/token"].append(ns / n)
+        _report(f"index {n}-token prompt", res, rounds)
+    res = {k: {"ns/token": []} for k in mods}
+    caches = {}
+    for rd in range(rounds):
+        for k in order(rd):
+            cache = LookaheadCache(_core_cache=_new_cache(mods[k]))
+            t0 = time.perf_counter_ns()
+            tokens = fill_history(cache, texts, 1_000_000)
+            res[k]["ns/token"].append((time.perf_counter_ns() - t0) / tokens)
+            caches[k] = cache
+    _report("history insert to 1M nodes", res, rounds)
+    prompt = np.ascontiguousarray(np.resize(stream[::-1], 32_000), dtype=np.uint32)
+    res = {k: {"mean": [], "p99": []} for k in mods}
+    rids = {k: start_drafting_requests(c, stream, 64, 1_000) for k, c in caches.items()}
+    for rd in range(rounds):
+        for k in order(rd):
+            cache, stop = caches[k], threading.Event()
+
+            def indexer(cache=cache, stop=stop):
+                i = 0
+                while not stop.is_set():
+                    cache.start_request(f"bg-{i}", prompt)
+                    cache.draft(f"bg-{i}", budget=1)  # waits until its prompt is indexed
+                    cache.finish_request(f"bg-{i}")
+                    i += 1
+
+            th = threading.Thread(target=indexer, daemon=True)
+            th.start()
+            time.sleep(0.05)
+            wall, _, _ = cache._c._time_drafts(rids[k], 16, True, 20_000)
+            stop.set()
+            th.join()
+            res[k]["mean"].append(np.mean(wall) / 1e3)
+            res[k]["p99"].append(np.percentile(wall, 99) / 1e3)
+    _report("draft budget 16 tree while 32k prompts are indexed, µs", res, rounds)
     return 0
 
 
 def main(argv: list[str]) -> int:
     history = "--history" in argv
     drafts = "--drafts" in argv
-    argv = [a for a in argv if a not in ("--history", "--drafts")]
+    rows = "--rows" in argv
+    argv = [a for a in argv if a not in ("--history", "--drafts", "--rows")]
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     mods = {"old": _load("old", argv[0]), "new": _load("new", argv[1])}
     if drafts:
         return drafts_ab(mods, int(argv[2]) if len(argv) > 2 else 10)
+    if rows:
+        return rows_ab(mods, int(argv[2]) if len(argv) > 2 else 6)
     n = int(argv[2]) if len(argv) > 2 else 1000
     rounds = int(argv[3]) if len(argv) > 3 else 16
     n_req, per, budget = 16, 1600, 16
