@@ -16,7 +16,7 @@ Measures, on this machine:
   (start + extend + draft + finish; mean and p99, the p99 being where eviction runs), and
   what one compaction of a shrunk history costs (`_core._time_compaction`: one pass under
   that namespace's write lock), and the steps of its requests while it runs
-  (`Cache._time_compaction_stall`: built beside the history, and in place for comparison);
+  (`Cache._time_compaction_stall`: built beside the history; in place, and none, to compare);
 - with `--peers`, next to the peers' rows: our cost per decoding step through the Python API
   (`extend` + `draft`, and the fused `step`) at 1k / 8k / 32k-token contexts, beside vLLM's
   n-gram scan over the same contexts (`benchmarks.peers.hostcost`).
@@ -262,24 +262,27 @@ def bench_compaction(tokens: int, depth: int = 12, reps: int = 3) -> dict:
 
 
 def bench_compaction_stall(texts, stream, depth: int, nodes: int, reps: int = 2) -> list[dict]:
-    """Steps of 16 requests while their namespace's history (`nodes`, swept to half its
-    slots) is compacted on another thread: the longest and p99 step, with the compaction
-    built beside the history (today's) and in place under its write lock (before
-    2026-12-03), fresh caches alternating `reps` times."""
+    """Steps of 16 requests (prompts indexed) while their namespace's history (`nodes`, swept
+    to half its slots) is compacted on another thread: p50, p99 and the longest step, with
+    the compaction built beside the history (today's), in place under its write lock
+    (before 2026-12-03), and with none (40 ms of the same steps on the swept history), fresh
+    caches in a rotating order, `reps` times each."""
+    modes = ["beside", "in place", "none"]
     rows = []
     for rep in range(reps):
-        for in_place in (False, True) if rep % 2 == 0 else (True, False):
+        for mode in modes[rep % 3 :] + modes[: rep % 3]:
             cache, _ = build_history(texts, depth, nodes)
             rids = start_drafting_requests(cache, stream, 16, 1_000, seed=rep)
+            for rid in rids:
+                cache.draft(rid, budget=1)  # waits until its prompt is indexed
             tokens = stream[:4096].tolist()
-            ns, slots, live, steps = cache._c._time_compaction_stall("default", rids, tokens, 16, in_place)  # fmt: skip
+            ns, slots, live, steps = cache._c._time_compaction_stall("default", rids, tokens, 16, mode)  # fmt: skip
             us = np.asarray(steps, dtype=np.float64) / 1e3
             # (A small history's compaction may end before any step does: no figures then.)
             pct = {k: float(np.percentile(us, q)) if us.size else None
                    for k, q in (("p50", 50), ("p99", 99), ("max", 100))}  # fmt: skip
-            rows.append({"what": "compaction_stall", "path": "in place" if in_place else "beside",
-                         "size": slots, "live": live, "ms": ns / 1e6, "steps": int(us.size),
-                         **pct, "unit": "us"})  # fmt: skip
+            rows.append({"what": "compaction_stall", "path": mode, "size": slots, "live": live,
+                         "ms": ns / 1e6, "steps": int(us.size), **pct, "unit": "us"})  # fmt: skip
             del cache
     return rows
 

@@ -129,7 +129,7 @@ class Cache:
         rids: list[_Rid],
         tokens: list[int],
         budget: int,
-        in_place: bool = False,
+        mode: str = "beside",
     ) -> tuple[int, int, int, npt.NDArray[np.uint64]]: ...
 
 def _error_kinds() -> list[tuple[str, str]]: ...

@@ -181,20 +181,27 @@ impl Cache {
     /// Benchmark helper: sweeps `namespace`'s history until its free slots outnumber its
     /// live nodes (what makes eviction compact it), then compacts it on a second thread
     /// while this one runs `step(rid, [token], budget)` over `rids` and `tokens` back to
-    /// back. `in_place`: the compaction holds the history's write lock for its whole pass
-    /// (as before compactions were built beside the history), for comparison.
+    /// back. `mode`: `"beside"` (as eviction compacts), `"in place"` (the compaction holds
+    /// the history's write lock for its whole pass, as before compactions were built beside
+    /// the history), or `"none"` (no compaction: the other thread sleeps 40 ms), the last
+    /// two for comparison.
     pub fn time_compaction_stall(
         &self,
         namespace: &str,
         rids: &[RequestId],
         tokens: &[u32],
         budget: usize,
-        in_place: bool,
+        mode: &str,
     ) -> Result<CompactionStall> {
         if rids.is_empty() || tokens.is_empty() {
             return Err(Error::InvalidInput(
                 "rids and tokens must not be empty".into(),
             ));
+        }
+        if !["beside", "in place", "none"].contains(&mode) {
+            return Err(Error::InvalidInput(format!(
+                "mode must be \"beside\", \"in place\" or \"none\", got {mode:?}"
+            )));
         }
         let ns = read(&self.shared.namespaces)
             .get(namespace)
@@ -222,11 +229,15 @@ impl Cache {
             let compaction = s.spawn(|| {
                 start.wait();
                 let t0 = std::time::Instant::now();
-                if in_place {
-                    let _writing = ns.writing();
-                    write(&ns.history).compact();
-                } else {
-                    ns.compact_history();
+                match mode {
+                    "beside" => {
+                        ns.compact_history();
+                    }
+                    "in place" => {
+                        let _writing = ns.writing();
+                        write(&ns.history).compact();
+                    }
+                    _ => std::thread::sleep(std::time::Duration::from_millis(40)),
                 }
                 let t1 = std::time::Instant::now();
                 done.store(true, Ordering::Release);

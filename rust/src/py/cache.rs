@@ -430,11 +430,11 @@ impl PyCache {
     }
 
     /// Benchmark helper (`Cache::time_compaction_stall`): compacts `namespace`'s shrunk
-    /// history on a second thread while this one steps `rids` one token at a time, without
-    /// the GIL. Returns (compaction ns, slots before, live nodes, wall ns of each step that
+    /// history on a second thread (`mode`: "beside", "in place", or "none") while this one
+    /// steps `rids` one token at a time, without the GIL. Returns (compaction ns, slots before, live nodes, wall ns of each step that
     /// overlapped it).
     #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (namespace, rids, tokens, budget, in_place=false))]
+    #[pyo3(signature = (namespace, rids, tokens, budget, mode="beside"))]
     fn _time_compaction_stall<'py>(
         &self,
         py: Python<'py>,
@@ -442,12 +442,12 @@ impl PyCache {
         rids: Vec<Bound<'py, PyAny>>,
         tokens: Vec<u32>,
         budget: usize,
-        in_place: bool,
+        mode: &str,
     ) -> PyResult<(u64, u64, u64, Bound<'py, PyArray1<u64>>)> {
         let ids = rids.iter().map(args::rid).collect::<PyResult<Vec<_>>>()?;
         let r = run(py, || {
             self.inner
-                .time_compaction_stall(&namespace, &ids, &tokens, budget, in_place)
+                .time_compaction_stall(&namespace, &ids, &tokens, budget, mode)
         })?;
         Ok((
             r.compaction_ns,
