@@ -20,10 +20,11 @@ demo: install  ## install, fetch the default model, run `lookahead demo`
 	$(PY) -m lookahead.cli demo
 
 .PHONY: dev
-dev:  ## editable install with test and lint tools, SGLang 0.5.23 (no CUDA deps) and the peers
+dev:  ## editable install with test and lint tools, SGLang 0.5.23 (no CUDA deps), the peers and llama.cpp
 	$(PIP) install -r requirements/test.txt
 	$(PIP) install --no-deps -r requirements/sglang-test.txt
 	$(MAKE) peers PY="$(PY)"
+	$(MAKE) llamacpp PY="$(PY)"
 	$(PIP) install -e ".[hf,plot,test,dev]"
 
 .PHONY: test
@@ -66,6 +67,14 @@ peers:  ## install the benchmark peers (SGLang NGRAM corpus, SuffixDecoding, num
 	# python works without the venv activated.
 	PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" \
 		$(PIP) install --no-deps --no-build-isolation -r requirements/peers.txt
+
+.PHONY: llamacpp
+llamacpp:  ## the llama.cpp engine's llama-cpp-python 0.3.36, built from source (CPU; ~6-10 min on 2 cores)
+	$(PIP) install nanobind==3.1.0 ninja==1.13.2 cmake==4.4.5 scikit-build-core==0.12.2
+	$(PY) -c 'import llama_cpp' 2>/dev/null && echo "llama-cpp-python is installed" || \
+		PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" \
+		CMAKE_ARGS="-DLLAVA_BUILD=OFF" \
+		$(PIP) install --no-deps --no-build-isolation -r requirements/llamacpp.txt
 
 .PHONY: bench-accept
 bench-accept:  ## acceptance simulator over the recorded traces (B = 8, 16, 32)

