@@ -70,16 +70,17 @@ class Recorder:
 
 
 def test_keep_path_keeps_the_accepted_branch_in_every_sequence():
+    seqs = tree_batch(TOKENS, PARENTS, 100, 4)[2]
     m = Recorder()
-    keep_path(m, PARENTS, [0, 1, 3], n_past=100, n_seqs=4)
+    keep_path(m, seqs, [0, 1, 3], n_past=100, n_seqs=4)
     # node 3's first leaf is 4: branch 0; keep positions < 103 of it, drop the other branches
     assert m.calls == [("rm", 0, 103, -1), ("keep", 0), ("cp", 0, 1, -1, -1),
                        ("cp", 0, 2, -1, -1), ("cp", 0, 3, -1, -1)]  # fmt: skip
     m = Recorder()
-    keep_path(m, PARENTS, [0, 2, 6], n_past=7, n_seqs=3)
+    keep_path(m, tree_batch(TOKENS, PARENTS, 7, 3)[2], [0, 2, 6], n_past=7, n_seqs=3)
     assert m.calls[:2] == [("rm", 2, 10, -1), ("keep", 2)]
     m = Recorder()
-    keep_path(m, [-1], [0], n_past=7, n_seqs=3)
+    keep_path(m, [[0, 1, 2]], [0], n_past=7, n_seqs=3)
     assert m.calls == []
 
 

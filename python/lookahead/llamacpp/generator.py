@@ -156,7 +156,7 @@ class LlamaCppGenerator:
                 t3 = time.perf_counter()
                 path, bonus = greedy_path(tokens, parents, argmax_rows(rows))
                 t4 = time.perf_counter()
-                keep_path(m, parents, path, n_past, n_seqs)
+                keep_path(m, batch[2], path, n_past, n_seqs)
                 t5 = time.perf_counter()
                 emitted = [int(tokens[i]) for i in path[1:]] + [bonus]
                 n_past += len(path)
@@ -175,10 +175,9 @@ class LlamaCppGenerator:
                         last=last,
                     )
                 )
-                before = len(out)
-                out.extend(emitted)
-                out, _ = _finish(m, out, max_new_tokens)
-                new = out[before:]
+                # Only the step's tokens are looked at: the output before them ends in none.
+                new, _ = _finish(m, emitted, max_new_tokens - len(out))
+                out.extend(new)
                 self.cache.extend(rid, new)
                 if on_tokens and new:
                     on_tokens(new, m.detokenize(new))

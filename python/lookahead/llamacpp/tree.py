@@ -68,22 +68,12 @@ def greedy_path(tokens, parents, argmax) -> tuple[list[int], int]:
         path.append(nxt)
 
 
-def keep_path(model, parents, path: list[int], n_past: int, n_seqs: int) -> None:
+def keep_path(model, seqs, path: list[int], n_past: int, n_seqs: int) -> None:
     """Leaves in the KV cache the context, the root (at `n_past`) and the accepted path, in
-    every sequence; drops the rest of the tree."""
-    if len(parents) == 1:
+    every sequence; drops the rest of the tree (`seqs`: the batch's, from `tree_batch`)."""
+    if len(seqs) == 1:
         return  # the root alone: already in every sequence
-    _, leaves = branches(parents)
-    # The branch through the deepest accepted node (the first leaf below it).
-    below = {path[-1]}
-    b = None
-    for k, leaf in enumerate(leaves):
-        i = leaf
-        while i not in below and i > 0:
-            i = int(parents[i])
-        if i in below:
-            b = k
-            break
+    b = seqs[path[-1]][0]  # a branch through the deepest accepted node
     end = n_past + len(path)  # positions n_past .. end-1: the root and the accepted nodes
     model.seq_rm(b, end, -1)
     model.seq_keep(b)
