@@ -49,6 +49,8 @@ HOST_EMA = 0.1
 # after this many new forwards (one small JSON file; see `lookahead.costs.keep`).
 KEEP_EVERY_S = 30.0
 KEEP_AFTER_FORWARDS = 32
+# An argument not given (where None means something).
+UNSET = object()
 
 
 def check_budget(name: str, v) -> int:
@@ -242,3 +244,34 @@ class CostAwareSizer:
 
         keep(self.learned.as_cost_model())
         self._kept_at = (self.learned.count, now)
+
+
+def sizer_from(sizer, budget, max_budget, min_draft_score, cost_model=UNSET) -> Sizer:
+    """An engine's sizer from its arguments, the one reading of them for every engine:
+    `sizer` as given (checked), else `FixedSizer` when any shorthand (`budget`, `max_budget`,
+    `min_draft_score`) is given or `cost_model` is None, else a `CostAwareSizer` of
+    `cost_model` ("auto" unless given; a `lookahead.costs.CostModel`) capped at
+    `max_budget` (else `budget`, else `AUTO_MAX_NODES`)."""
+    shorthands = budget is not None or max_budget is not None or min_draft_score is not None
+    if sizer is not None:
+        if shorthands or cost_model is not UNSET:
+            raise ValueError(
+                "give sizer= or the shorthands budget / max_budget / min_draft_score / "
+                "cost_model, not both"
+            )
+        if not all(hasattr(sizer, m) for m in ("budget", "cut", "observe", "start", "finish")):
+            raise ValueError(f"sizer must be a lookahead.sizing.Sizer, got {sizer!r}")
+        return sizer
+    if cost_model is UNSET:
+        cost_model = None if shorthands else "auto"
+    if cost_model is None:
+        return FixedSizer(FIXED_BUDGET if budget is None else budget, max_budget, min_draft_score)
+    from lookahead.costs import CostModel
+
+    if not (cost_model == "auto" or isinstance(cost_model, CostModel)):
+        raise ValueError(
+            f"cost_model must be 'auto', a lookahead.costs.CostModel or None, got {cost_model!r}"
+        )
+    cap = max_budget if max_budget is not None else budget
+    cap = AUTO_MAX_NODES if cap is None else check_budget("max_budget", cap)
+    return CostAwareSizer(cost_model, max_nodes=cap, min_score=min_draft_score)

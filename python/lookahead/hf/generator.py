@@ -45,11 +45,13 @@ from lookahead.sizing import (
     AUTO_MAX_NODES,
     DEEP_ACCEPT,
     FIXED_BUDGET,
+    UNSET,
     CostAwareSizer,
     FixedSizer,
     Sizer,
     Step,
     check_budget,
+    sizer_from,
 )
 
 # The cache a generator builds stores n-grams up to the core's default depth.
@@ -57,7 +59,6 @@ DEFAULT_DEPTH = _core.DEFAULTS["max_depth"]
 __all__ = ["AUTO_MAX_NODES", "DEEP_ACCEPT", "FIXED_BUDGET", "LookaheadGenerator", "generate"]
 
 
-_UNSET = object()
 # Request ids of every generator in this process: generators may share one cache.
 _REQUEST_IDS = itertools.count()
 
@@ -105,7 +106,7 @@ class LookaheadGenerator:
         depth: int = DEFAULT_DEPTH,
         multi_branch: bool = True,
         min_draft_score: float | None = None,
-        cost_model=_UNSET,
+        cost_model=UNSET,
         recycle: bool | str | None = None,
     ):
         check_model_supports_kv(model)
@@ -114,7 +115,7 @@ class LookaheadGenerator:
             raise ValueError(f"recycle must be None, False, True or 'path', got {recycle!r}")
         self._prefill_kw = last_logits_only(model)
         attn = attention(model)
-        self.sizer = _sizer(sizer, budget, max_budget, min_draft_score, cost_model)
+        self.sizer = sizer_from(sizer, budget, max_budget, min_draft_score, cost_model)
         self.model = model
         self.tokenizer = tokenizer
         if cache is None:
@@ -163,7 +164,7 @@ class LookaheadGenerator:
         top_p: float | None = None,
         repetition_penalty: float | None = None,
         seed: int | None = None,
-        eos_token_id=_UNSET,
+        eos_token_id=UNSET,
         stop_token_ids: Iterable[int] = (),
         stop_strings: Sequence[str] = (),
         on_tokens: TokenCallback | None = None,
@@ -203,7 +204,7 @@ class LookaheadGenerator:
         check_context(self._context, len(ids), max_new_tokens)
         # Measured (on first use) once the request is known good, before the clock starts.
         sizer.start(self.model)
-        stops = eos_ids(self.model) if eos_token_id is _UNSET else as_id_set(eos_token_id)
+        stops = eos_ids(self.model) if eos_token_id is UNSET else as_id_set(eos_token_id)
         stop_ids = as_id_set(stop_token_ids, "stop_token_ids")
         mb = self.multi_branch if multi_branch is None else check_bool("multi_branch", multi_branch)
         text = (
@@ -328,33 +329,6 @@ class LookaheadGenerator:
             root = verdict.emitted[-1]
             acceptance.emitted(verdict.emitted)
             seq_len += len(verdict.path)
-
-
-def _sizer(sizer, budget, max_budget, min_draft_score, cost_model) -> Sizer:
-    """The generator's sizer from its arguments (see `LookaheadGenerator`)."""
-    shorthands = budget is not None or max_budget is not None or min_draft_score is not None
-    if sizer is not None:
-        if shorthands or cost_model is not _UNSET:
-            raise ValueError(
-                "give sizer= or the shorthands budget / max_budget / min_draft_score / "
-                "cost_model, not both"
-            )
-        if not all(hasattr(sizer, m) for m in ("budget", "cut", "observe", "start", "finish")):
-            raise ValueError(f"sizer must be a lookahead.sizing.Sizer, got {sizer!r}")
-        return sizer
-    if cost_model is _UNSET:
-        cost_model = None if shorthands else "auto"
-    if cost_model is None:
-        return FixedSizer(FIXED_BUDGET if budget is None else budget, max_budget, min_draft_score)
-    from lookahead.costs import CostModel
-
-    if not (cost_model == "auto" or isinstance(cost_model, CostModel)):
-        raise ValueError(
-            f"cost_model must be 'auto', a lookahead.costs.CostModel or None, got {cost_model!r}"
-        )
-    cap = max_budget if max_budget is not None else budget
-    cap = AUTO_MAX_NODES if cap is None else check_budget("max_budget", cap)
-    return CostAwareSizer(cost_model, max_nodes=cap, min_score=min_draft_score)
 
 
 def generate(model, prompt, tokenizer=None, **kwargs) -> GenerationResult:
