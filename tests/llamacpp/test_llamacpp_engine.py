@@ -13,6 +13,7 @@ from lookahead.sizing import FixedSizer
 pytest.importorskip("llama_cpp", reason="needs the llamacpp extra (make llamacpp)")
 
 from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, plain_generate  # noqa: E402
+from lookahead.llamacpp.generator import sampling_config  # noqa: E402
 from tiny_gguf import write_tiny_llama  # noqa: E402
 
 VOCAB = 97
@@ -107,3 +108,75 @@ def test_bad_requests_fail_before_any_forward(model):
         gen.generate([1, 2], max_new_tokens=0)
     # and the model still serves
     assert len(gen.generate([1, 2, 3], max_new_tokens=5).ids) == 5
+
+
+def _sampling_fork_is_a_tie(plain_model, ids, want, j, cfg, seed) -> bool:
+    """Whether output position `j`'s uniform lies within rounding of a boundary of plain's
+    CDF there: F32 logits of a 9-row forward differ from a one-row forward's by ~1e-3 here,
+    which moves the CDF by ~1e-4, so a draw that close to a boundary may flip."""
+    import torch
+    from lookahead.hf.sampling import warp
+
+    u = torch.rand(256, generator=torch.Generator().manual_seed(seed))[j].item()
+    plain_model.reset()
+    row = plain_model.prefill(list(ids) + want[:j], [0])
+    cdf = warp(torch.from_numpy(row[None]).float(), cfg).softmax(-1)[0].cumsum(0)
+    return float((cdf - u).abs().min()) < 1e-3
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampled_lookahead_equals_plain_sampling_with_the_seed(model, plain_model, seed):
+    # One uniform per output position: with a seed, the tokens do not depend on the trees,
+    # up to a draw within rounding of a CDF boundary (then the fork must be one).
+    cfg = sampling_config(True, temperature=0.7, top_k=20, top_p=0.95)
+    gen = LlamaCppGenerator(model, sizer=FixedSizer(8, 16))
+    accepted = equal = 0
+    for ids in prompts(4, seed=seed):
+        want = plain_generate(plain_model, ids, 40, cfg, seed)
+        res = gen.generate(
+            ids, 40, do_sample=True, temperature=0.7, top_k=20, top_p=0.95, seed=seed
+        )
+        j = next((i for i, (a, b) in enumerate(zip(res.ids, want)) if a != b), None)
+        if j is None:
+            assert res.ids == want
+            equal += 1
+        else:
+            assert _sampling_fork_is_a_tie(plain_model, ids, want, j, cfg, seed), (ids, j)
+        accepted += sum(res.stats.accepted)
+    assert accepted > 0 and equal >= 2
+    other = plain_generate(plain_model, prompts(1, seed=seed)[0], 40, cfg, seed + 100)
+    assert other != plain_generate(plain_model, prompts(1, seed=seed)[0], 40, cfg, seed)
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    path = write_tiny_llama(tmp_path_factory.mktemp("gguf") / "text.gguf", tokenizer=True,
+                            repeat_bias=3.0)  # fmt: skip
+    m = LlamaCppModel(path, n_ctx=1024, n_threads=2)
+    yield m
+    m.close()
+
+
+def test_chat_prompts_follow_the_gguf_template(text_model):
+    ids = text_model.encode("Say hi", chat=True)
+    shown = text_model.detokenize(ids)
+    assert shown.startswith("<|im_start|>") and shown.endswith("assistant\n")
+    assert "Say hi<|im_end|>" in shown
+    assert text_model.encode([5, 6]) == [5, 6]
+
+
+def test_stop_strings_end_the_output_and_text_streams_once(text_model):
+    gen = LlamaCppGenerator(text_model, sizer=FixedSizer(8))
+    prompt = "abc abc abc abc abc"
+    full = gen.generate(prompt, 60)
+    pieces = [text_model.detokenize([t], special=False) for t in full.ids]
+    k = next(i for i in range(4, len(pieces)) if pieces[i].isascii() and pieces[i].strip())
+    stop = pieces[k]
+    deltas = []
+    res = gen.generate(prompt, 60, stop_strings=[stop], on_tokens=lambda t, d: deltas.append(d))
+    assert res.finish_reason == "stop_string"
+    assert res.text.endswith(stop) and full.text.startswith(res.text)
+    assert stop not in res.text[:-len(stop)]  # fmt: skip
+    assert "".join(deltas) == res.text
+    with pytest.raises(ValueError, match="stop_strings"):
+        gen.generate(prompt, 5, stop_strings=[""])

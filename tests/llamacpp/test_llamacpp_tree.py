@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lookahead import kernels
-from lookahead.llamacpp.tree import branches, greedy_path, keep_path, tree_batch
+from lookahead.llamacpp.tree import SequenceBook, branches, greedy_path, tree_batch
 
 # root 0; 1, 2 under it; 3 under 1; 4, 5 under 3; 6 under 2
 PARENTS = [-1, 0, 0, 1, 3, 3, 2]
@@ -20,7 +19,7 @@ def test_each_node_is_in_the_branches_below_it_at_its_depth():
     assert toks == TOKENS
     assert pos == [100, 101, 101, 102, 103, 103, 102]
     # leaves in node order: 4, 5, 6 are branches 0, 1, 2
-    assert seqs == [[0, 1, 2, 3, 4], [0, 1], [2], [0, 1], [0], [1], [2]]
+    assert seqs == [[0, 1, 2], [0, 1], [2], [0, 1], [0], [1], [2]]
 
 
 def test_a_tree_wider_than_the_sequences_is_refused():
@@ -56,36 +55,40 @@ def test_greedy_path_is_the_verify_reference(tree):
 
 
 class Recorder:
+    n_seq_max = 4
+
     def __init__(self):
         self.calls = []
 
     def seq_rm(self, *a):
         self.calls.append(("rm", *a))
 
-    def seq_keep(self, *a):
-        self.calls.append(("keep", *a))
-
     def seq_cp(self, *a):
         self.calls.append(("cp", *a))
 
 
-def test_keep_path_keeps_the_accepted_branch_in_every_sequence():
+def test_sequences_are_brought_up_to_date_only_when_a_tree_uses_them():
+    m = Recorder()
+    book = SequenceBook(m)
+    book.reset(100)  # the prompt in sequence 0
+    book.ready(3, 100)
+    assert m.calls == [("cp", 0, 1, 0, 100), ("cp", 0, 2, 0, 100)]
     seqs = tree_batch(TOKENS, PARENTS, 100, 4)[2]
-    m = Recorder()
-    keep_path(m, seqs, [0, 1, 3], n_past=100, n_seqs=4)
-    # node 3's first leaf is 4: branch 0; keep positions < 103 of it, drop the other branches
-    assert m.calls == [("rm", 0, 103, -1), ("keep", 0), ("cp", 0, 1, -1, -1),
-                       ("cp", 0, 2, -1, -1), ("cp", 0, 3, -1, -1)]  # fmt: skip
-    m = Recorder()
-    keep_path(m, tree_batch(TOKENS, PARENTS, 7, 3)[2], [0, 2, 6], n_past=7, n_seqs=3)
-    assert m.calls[:2] == [("rm", 2, 10, -1), ("keep", 2)]
-    m = Recorder()
-    keep_path(m, [[0, 1, 2]], [0], n_past=7, n_seqs=3)
-    assert m.calls == []
-
-
-def test_greedy_path_stops_where_the_target_disagrees():
-    argmax = np.array([11, 13, 99, 15, 0, 0, 0])
-    assert greedy_path(TOKENS, PARENTS, argmax) == ([0, 1, 3, 5], 0)
-    assert greedy_path(TOKENS, PARENTS, np.array([12, 0, 16, 0, 0, 0, 7])) == ([0, 2, 6], 7)
-    assert greedy_path(TOKENS, PARENTS, np.array([42] * 7)) == ([0], 42)
+    assert seqs[0] == [0, 1, 2]  # the root in its branches' sequences only
+    m.calls.clear()
+    # node 3's first leaf is 4: branch 0 keeps the path; the others keep the root only
+    book.keep(seqs, [0, 1, 3], n_past=100)
+    assert m.calls == [("rm", 1, 101, -1), ("rm", 2, 101, -1), ("rm", 0, 103, -1)]
+    assert book.valid == [103, 101, 101, 0]
+    m.calls.clear()
+    book.ready(2, 103)  # a narrower tree: sequence 2 stays behind
+    assert m.calls == [("cp", 0, 1, 101, 103)] and book.valid == [103, 103, 101, 0]
+    m.calls.clear()
+    # path 0, 2, 6 ends on branch 2: sequence 0 copies the path from it
+    book.keep(tree_batch(TOKENS, PARENTS, 103, 4)[2], [0, 2, 6], n_past=103)
+    assert m.calls == [("rm", 0, 104, -1), ("rm", 1, 104, -1), ("rm", 2, 106, -1),
+                       ("cp", 2, 0, 104, 106)]  # fmt: skip
+    assert book.valid == [106, 104, 106, 0]
+    m.calls.clear()
+    book.keep([[0]], [0], n_past=106)  # the root alone: nothing to drop
+    assert m.calls == [] and book.valid[0] == 107

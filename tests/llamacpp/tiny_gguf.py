@@ -1,11 +1,29 @@
-"""A tiny random llama-architecture GGUF file, written in the test (no tokenizer: ids in,
-ids out), for the llama.cpp engine's tests."""
+"""A tiny random llama-architecture GGUF file, written in the test, for the llama.cpp
+engine's tests: without a tokenizer (ids in, ids out), or with a small SentencePiece one
+(ASCII characters, byte fallback for the rest, ChatML control tokens and template)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+
+# SentencePiece token types (llama.cpp's llama_token_type): normal, unknown, control, byte.
+_NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
+# The small tokenizer's vocabulary: <unk>, <s>, the ChatML markers, the 256 byte-fallback
+# tokens, then "▁" (SentencePiece's space) and the printable ASCII characters.
+TOKENS = (
+    ["<unk>", "<s>", "<|im_start|>", "<|im_end|>"]
+    + [f"<0x{b:02X}>" for b in range(256)]
+    + ["▁"]
+    + [chr(c) for c in range(33, 127)]
+)
+TYPES = [_UNKNOWN, _CONTROL, _CONTROL, _CONTROL] + [_BYTE] * 256 + [_NORMAL] * 95
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 def write_tiny_llama(
@@ -19,10 +37,12 @@ def write_tiny_llama(
     ctx: int = 512,
     seed: int = 0,
     repeat_bias: float = 0.0,
+    tokenizer: bool = False,
 ) -> Path:
     """Writes the model; F32 weights drawn from N(0, 0.02 * 5). `repeat_bias` adds to the
     output head the embedding matrix (tied-like), so a token tends to predict tokens that
-    followed it in the context: outputs that repeat, which drafts can then copy."""
+    followed it in the context: outputs that repeat, which drafts can then copy.
+    `tokenizer`: give it `TOKENS` (the vocabulary is then their count, `vocab` ignored)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -39,8 +59,20 @@ def write_tiny_llama(
     wr.add_head_count_kv(kv_heads)
     wr.add_rope_dimension_count(hidden // heads)
     wr.add_layer_norm_rms_eps(1e-5)
+    if tokenizer:
+        vocab = len(TOKENS)
+        wr.add_tokenizer_model("llama")
+        wr.add_token_list(TOKENS)
+        wr.add_token_scores([-float(i) for i in range(vocab)])
+        wr.add_token_types(TYPES)
+        wr.add_unk_token_id(0)
+        wr.add_bos_token_id(1)
+        wr.add_eos_token_id(TOKENS.index("<|im_end|>"))
+        wr.add_add_bos_token(False)
+        wr.add_chat_template(CHAT_TEMPLATE)
+    else:
+        wr.add_tokenizer_model("none")
     wr.add_vocab_size(vocab)
-    wr.add_tokenizer_model("none")
     wr.add_file_type(gguf.LlamaFileType.ALL_F32)
     emb = w(vocab, hidden)
     wr.add_tensor("token_embd.weight", emb)

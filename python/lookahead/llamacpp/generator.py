@@ -1,26 +1,60 @@
-"""`LlamaCppGenerator`: lookahead decoding of a GGUF model on llama.cpp (greedy, batch 1).
+"""`LlamaCppGenerator`: lookahead decoding of a GGUF model on llama.cpp (batch size 1).
 
 Each step drafts a tree from the shared cache (`lookahead.hf.proposal.propose`: the
 request's own trie and the namespace's history, cut by the sizer), verifies all of it in
-one `llama_decode` (`lookahead.llamacpp.tree`), keeps the accepted path in the KV cache and
-tells the cache and the sizer what happened. `plain_generate` is llama.cpp's own greedy
-decoding, one token per forward in a context of one sequence: the baseline and the
-reference for exactness.
+one `llama_decode` (`lookahead.llamacpp.tree`), judges it greedy or by exact speculative
+sampling (`lookahead.llamacpp.verify`), keeps the accepted path in the KV cache and tells
+the cache and the sizer what happened; where the output ends (end-of-generation tokens,
+stop strings, `max_new_tokens`) and the streamed text are the HF engine's
+(`lookahead.hf.stopping`). `plain_generate` is llama.cpp's own decoding, one token per
+forward in a context of one sequence, by the same verdict on a root-only tree: the baseline
+and the reference for exactness.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-
-import numpy as np
+from collections.abc import Callable, Sequence
 
 from lookahead.cache import LookaheadCache
 from lookahead.hf.proposal import propose
+from lookahead.hf.sampling import SamplingConfig
 from lookahead.hf.stats import GenerationResult, GenerationStats
+from lookahead.hf.stopping import TextTracker, find_cut
 from lookahead.llamacpp.model import DEFAULT_SEQS, LlamaCppModel
-from lookahead.llamacpp.tree import argmax_rows, branches, greedy_path, keep_path, tree_batch
-from lookahead.sizing import CostAwareSizer, Sizer, Step
+from lookahead.llamacpp.tree import SequenceBook, branches, tree_batch
+from lookahead.llamacpp.verify import Verifier
+from lookahead.sizing import UNSET, Sizer, Step, sizer_from
+
+
+class _EndTokens:
+    """The model's end-of-generation tokens as a set `find_cut` can ask."""
+
+    def __init__(self, model: LlamaCppModel):
+        self.model = model
+
+    def __contains__(self, token) -> bool:
+        return self.model.is_eog(token)
+
+
+class _Text:
+    """The model's detokenizer as the tokenizer `TextTracker` reads."""
+
+    def __init__(self, model: LlamaCppModel):
+        self.model = model
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.model.detokenize(ids, special=not skip_special_tokens)
+
+
+def sampling_config(do_sample=False, temperature=None, top_k=None, top_p=None) -> SamplingConfig:
+    """The request's sampling settings (unset: greedy; temperature 1, top-k and top-p off)."""
+    return SamplingConfig(
+        bool(do_sample),
+        1.0 if temperature is None else temperature,
+        0 if top_k is None else top_k,
+        1.0 if top_p is None else top_p,
+    )
 
 
 def _check_request(model: LlamaCppModel, ids: list, max_new_tokens: int) -> None:
@@ -51,19 +85,28 @@ def _finish(model: LlamaCppModel, out: list, max_new: int) -> tuple[list, str]:
     return out[:max_new], "length"
 
 
-def plain_generate(model: LlamaCppModel, ids: list, max_new_tokens: int) -> list:
-    """llama.cpp's greedy decoding of `ids` in sequence 0: one token per `llama_decode`,
-    logits for that token only. Returns the new tokens (through an end-of-generation one)."""
+def plain_generate(
+    model: LlamaCppModel,
+    ids: list,
+    max_new_tokens: int,
+    cfg: SamplingConfig | None = None,
+    seed: int | None = 0,
+) -> list:
+    """llama.cpp's decoding of `ids` in sequence 0, greedy unless `cfg` samples (with
+    `seed`): one token per `llama_decode`, logits for that token only. Returns the new
+    tokens (through an end-of-generation one)."""
     _check_request(model, ids, max_new_tokens)
+    verdict = Verifier(cfg or SamplingConfig(), seed)
     model.reset()
-    logits = model.prefill(list(ids), [0])
-    out = [int(np.argmax(logits))]
+    row = model.prefill(list(ids), [0])
+    out: list = []
     pos = len(ids)
-    while len(out) < max_new_tokens and not model.is_eog(out[-1]):
+    while True:
+        out.append(verdict(row[None], [out[-1] if out else 0], [-1], [0], len(out))[1])
+        if len(out) >= max_new_tokens or model.is_eog(out[-1]):
+            return _finish(model, out, max_new_tokens)[0]
         row = model.decode([out[-1]], [pos], [[0]], [True])[0]
-        out.append(int(np.argmax(row)))
         pos += 1
-    return _finish(model, out, max_new_tokens)[0]
 
 
 def _fit_branches(tokens, parents, scores, n_seqs: int):
@@ -78,10 +121,13 @@ class LlamaCppGenerator:
     """Lookahead decoding for one GGUF model on llama.cpp.
 
     `model`: a `LlamaCppModel` or a path to a GGUF file (then `n_ctx` and `n_threads` go to
-    it); `cache`: a `LookaheadCache` (default: a new one), whose history every request of
-    this generator shares under `namespace` (default: the GGUF file's name); `sizer`: the
-    draft-sizing policy (`lookahead.sizing`; default a `CostAwareSizer` whose start-up curve
-    `lookahead.llamacpp.costs.measure_costs` times on this model, about a second)."""
+    it); `cache`: a `LookaheadCache` (default: a new one storing n-grams up to `depth`),
+    whose history every request of this generator shares under `namespace` (default: the
+    GGUF file's name); the sizing as the HF engine reads it (`lookahead.sizing.sizer_from`):
+    `sizer`, or the fixed policy's `budget` / `max_budget` / `min_draft_score`, else a
+    `CostAwareSizer` whose start-up curve `lookahead.llamacpp.costs.measure_costs` times on
+    this model (about a second; `cost_model` gives one instead); `multi_branch` False
+    drafts one chain."""
 
     def __init__(
         self,
@@ -91,6 +137,13 @@ class LlamaCppGenerator:
         namespace: str | None = None,
         n_ctx: int | None = None,
         n_threads: int | None = None,
+        *,
+        budget: int | None = None,
+        max_budget: int | None = None,
+        min_draft_score: float | None = None,
+        cost_model=UNSET,
+        depth: int | None = None,
+        multi_branch: bool = True,
     ):
         if isinstance(model, LlamaCppModel):
             self.model = model
@@ -98,45 +151,85 @@ class LlamaCppGenerator:
             self.model = LlamaCppModel(
                 model, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=DEFAULT_SEQS
             )
-        self.cache = cache if cache is not None else LookaheadCache()
-        if sizer is None:
+        shorthands = (budget, max_budget, min_draft_score) != (None, None, None)
+        if sizer is None and not shorthands and cost_model is UNSET:
             from lookahead.llamacpp.costs import measure_costs
 
-            sizer = CostAwareSizer(costs=measure_costs(self.model))
-        self.sizer = sizer
+            cost_model = measure_costs(self.model)
+        self.sizer = sizer_from(sizer, budget, max_budget, min_draft_score, cost_model)
+        if cache is None:
+            cache = LookaheadCache() if depth is None else LookaheadCache(max_depth=depth)
+        self.cache = cache
+        self.multi_branch = bool(multi_branch)
         self.namespace = namespace or self.model.path.name
         self._n = 0
+
+    def encode(self, prompt, chat: bool = False) -> list:
+        """Prompt ids (`LlamaCppModel.encode`)."""
+        return self.model.encode(prompt, chat)
 
     def generate(
         self,
         prompt,
         max_new_tokens: int = 128,
         on_tokens: Callable[[list, str], None] | None = None,
+        *,
+        chat: bool = False,
+        do_sample: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = 0,
+        stop_strings: Sequence[str] = (),
     ) -> GenerationResult:
-        """Greedy lookahead decoding of `prompt` (text, tokenized with the model's own
-        tokenizer and special tokens, or a list of token ids): the tokens llama.cpp's own
-        greedy decoding gives where its kernels are batch-invariant (`plain_generate`)."""
+        """Lookahead decoding of `prompt` (text, tokenized with the model's own tokenizer,
+        as a chat turn if `chat`; or token ids): greedy, the tokens llama.cpp's own greedy
+        decoding gives where its kernels are batch-invariant (`plain_generate`); sampled
+        (`do_sample`, with `temperature`, `top_k`, `top_p` as HF reads them, `seed`), the
+        distribution of plain sampling, and with a seed the same tokens as
+        `plain_generate(..., cfg, seed)` where the kernels are batch-invariant. The output
+        ends after an end-of-generation token, or where a stop string completes, or at
+        `max_new_tokens`; `on_tokens(new_ids, text_delta)` is called after every step."""
         m = self.model
-        ids = m.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        cfg = sampling_config(do_sample, temperature, top_k, top_p)
+        stops = list(stop_strings)
+        if any(not isinstance(x, str) or not x for x in stops):
+            raise ValueError("stop_strings must be non-empty strings")
+        if stops and not m.has_text:
+            raise ValueError(f"{m.path.name} has no tokenizer: stop strings need one")
+        ids = m.encode(prompt, chat)
         _check_request(m, ids, max_new_tokens)
+        text = TextTracker(_Text(m), stops, ids) if m.has_text else None
+        verdict = Verifier(cfg, seed)
         st = GenerationStats(prompt_tokens=len(ids))
         self.sizer.start(m)
         t_start = time.perf_counter()
-        n_seqs = m.n_seq_max
+        n_seqs = m.n_seq_max if self.multi_branch else 1
         m.reset()
-        logits = m.prefill(ids, list(range(n_seqs)))
+        book = SequenceBook(m)
+        row = m.prefill(ids, [0])
+        book.reset(len(ids))
         st.prefill_s = time.perf_counter() - t_start
-        out = [int(np.argmax(logits))]
+        out: list = []
         n_past = len(ids)  # tokens in the KV cache; out[-1] is the next root, not in it yet
         self._n += 1
         rid = f"llamacpp-{id(self)}-{self._n}"
         self.cache.start_request(rid, ids, namespace=self.namespace)
         try:
-            self.cache.extend(rid, out)
-            if on_tokens:
-                on_tokens(list(out), m.detokenize(out))
-            last = 0
-            while len(out) < max_new_tokens and not m.is_eog(out[-1]):
+            first = verdict(row[None], [ids[-1]], [-1], [0], 0)[1]
+            emitted, last, reason = [first], 0, None
+            while True:
+                start = len(out)
+                out.extend(emitted)
+                cut, reason = find_cut(out, start, _EndTokens(m), set(), text, max_new_tokens)
+                if cut is not None:
+                    del out[cut:]
+                self.cache.extend(rid, out[start:])
+                if on_tokens and len(out) > start:
+                    delta = text.delta(out, cut is not None) if text else ""
+                    on_tokens(out[start:], delta)
+                if cut is not None:
+                    break
                 t0 = time.perf_counter()
                 p = propose(
                     self.cache,
@@ -144,19 +237,23 @@ class LlamaCppGenerator:
                     out[-1],
                     budget=self.sizer.budget(last),
                     room=max_new_tokens - len(out),
-                    multi_branch=True,
+                    multi_branch=self.multi_branch,
                     vocab=m.n_vocab,
-                    cut=lambda s, par, n=n_past, la=last: self.sizer.cut(s, par, n, la, False),
+                    cut=lambda s, par, n=n_past, la=last: self.sizer.cut(
+                        s, par, n, la, cfg.do_sample
+                    ),
                 )
                 tokens, parents, _ = _fit_branches(p.tokens, p.parents, p.scores, n_seqs)
                 t1 = time.perf_counter()
-                batch = tree_batch(tokens, parents, n_past, n_seqs)
+                batch = tree_batch(tokens, parents, n_past, m.n_seq_max)
+                book.ready(len(batch[2][0]), n_past)
                 t2 = time.perf_counter()
                 rows = m.decode(*batch, [True] * len(tokens))
                 t3 = time.perf_counter()
-                path, bonus = greedy_path(tokens, parents, argmax_rows(rows))
+                depth = [q - n_past for q in batch[1]]
+                path, bonus = verdict(rows, tokens, parents, depth, len(out))
                 t4 = time.perf_counter()
-                keep_path(m, batch[2], path, n_past, n_seqs)
+                book.keep(batch[2], path, n_past)
                 t5 = time.perf_counter()
                 emitted = [int(tokens[i]) for i in path[1:]] + [bonus]
                 n_past += len(path)
@@ -171,21 +268,14 @@ class LlamaCppGenerator:
                         drafted=p.drafted,
                         path=path,
                         emitted=emitted,
-                        sampled=False,
+                        sampled=cfg.do_sample,
                         last=last,
                     )
                 )
-                # Only the step's tokens are looked at: the output before them ends in none.
-                new, _ = _finish(m, emitted, max_new_tokens - len(out))
-                out.extend(new)
-                self.cache.extend(rid, new)
-                if on_tokens and new:
-                    on_tokens(new, m.detokenize(new))
         finally:
             self.cache.finish_request(rid)
             self.sizer.finish()
-        out, reason = _finish(m, out, max_new_tokens)
         st.new_tokens = len(out)
         st.total_s = time.perf_counter() - t_start
-        text = m.detokenize(out) if m.has_text else None
-        return GenerationResult(ids=out, text=text, finish_reason=reason, stats=st)
+        shown = text.text(out) if text else None
+        return GenerationResult(ids=out, text=shown, finish_reason=reason, stats=st)

@@ -150,20 +150,53 @@ class LlamaCppModel:
             n = self.ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, True)
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
-        """The bytes of one token (special tokens rendered as text)."""
+    def piece(self, token: int, special: bool = True) -> bytes:
+        """The bytes of one token (special tokens rendered as text, or as nothing)."""
         buf = ctypes.create_string_buffer(64)
-        n = self.ll.llama_token_to_piece(self.vocab, int(token), buf, 64, 0, True)
+        n = self.ll.llama_token_to_piece(self.vocab, int(token), buf, 64, 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = self.ll.llama_token_to_piece(self.vocab, int(token), buf, -n, 0, True)
+            n = self.ll.llama_token_to_piece(self.vocab, int(token), buf, -n, 0, special)
         return buf.raw[:n]
 
-    def detokenize(self, tokens) -> str:
-        """The text of `tokens` ("" for a model without a tokenizer)."""
+    def detokenize(self, tokens, special: bool = True) -> str:
+        """The text of `tokens` ("" for a model without a tokenizer); `special`: special
+        tokens as their text (else left out)."""
         if not self.has_text:
             return ""
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+        raw = b"".join(self.piece(t, special) for t in tokens)
+        return raw.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's chat template (`tokenizer.chat_template`, Jinja), or None."""
+        raw = self.ll.llama_model_chat_template(self.model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def encode(self, prompt, chat: bool = False) -> list[int]:
+        """Prompt ids: a list of ids as is, or text tokenized with the model's tokenizer;
+        `chat`: as one user turn in the GGUF's chat template (rendered with Jinja as HF
+        `apply_chat_template` renders it; then tokenized without an added BOS, as HF does),
+        or ValueError `NO_CHAT_TEMPLATE` if it has none."""
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        if not chat:
+            return self.tokenize(prompt)
+        from lookahead.hf.inputs import NO_CHAT_TEMPLATE
+
+        tmpl = self.chat_template if self.has_text else None
+        if not tmpl:
+            raise ValueError(NO_CHAT_TEMPLATE)
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        text = env.from_string(tmpl).render(
+            messages=[{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            bos_token=self.detokenize([self.ll.llama_vocab_bos(self.vocab)]),
+            eos_token=self.detokenize([self.ll.llama_vocab_eos(self.vocab)]),
+        )
+        return self.tokenize(text, add_special=False)
 
     def is_eog(self, token: int) -> bool:
         return bool(self.ll.llama_vocab_is_eog(self.vocab, int(token)))
