@@ -91,7 +91,9 @@ def test_more_bad_values_refused_before_the_model_loads(tmp_path, monkeypatch, c
 
 def test_recycle_reaches_the_engine(monkeypatch):
     seen = []
-    monkeypatch.setattr(cli, "_generate", lambda args: seen.append(args.recycle) or 0)
+    from lookahead import commands
+
+    monkeypatch.setattr(commands, "generate", lambda args: seen.append(args.recycle) or 0)
     for flag in ("off", "on", "path"):
         assert cli.main(["generate", "--prompt", "x", "--recycle", flag]) == 0
     from lookahead.hf.recycling import RECYCLE_MODES
@@ -105,7 +107,7 @@ def test_interrupt_exits_130(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_generate", interrupted)
+    monkeypatch.setattr("lookahead.commands.generate", interrupted)
     assert cli.main(["generate", "--prompt", "x"]) == 130
     assert "interrupted" in capsys.readouterr().err
 
@@ -115,7 +117,9 @@ def test_prompt_from_stdin(monkeypatch):
 
     seen = {}
     monkeypatch.setattr("sys.stdin", io.StringIO("a prompt from stdin"))
-    monkeypatch.setattr(cli, "_generate", lambda args: seen.setdefault("prompt", args.prompt) and 0)
+    monkeypatch.setattr(
+        "lookahead.commands.generate", lambda args: seen.setdefault("prompt", args.prompt) and 0
+    )
     assert cli.main(["generate", "--prompt", "-"]) == 0
     assert seen["prompt"] == "a prompt from stdin"
 

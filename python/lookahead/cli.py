@@ -27,6 +27,13 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--engine",
+        choices=("hf", "llamacpp"),
+        default="hf",
+        help="hf: HF transformers (torch); llamacpp: llama.cpp on a GGUF file as is (CPU; "
+        "the llamacpp extra), default hf",
+    )
+    p.add_argument(
         "--model",
         default=None,
         help="local HF model folder or .gguf file (default: SmolLM2-135M-Instruct, fetched "
@@ -174,79 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _generate(args) -> int:
-    from lookahead.hf import NO_CHAT_TEMPLATE, LookaheadGenerator
-    from lookahead.models import load_model, resolve_dtype
-
-    args.dtype = resolve_dtype(args.dtype, args.device)
-    model, tok = load_model(args.model, args.dtype, device=args.device)
-    gen = LookaheadGenerator(
-        model,
-        tok,
-        budget=args.budget,
-        max_budget=args.max_budget,
-        depth=args.depth,
-        multi_branch=not args.single_branch,
-        min_draft_score=args.min_draft_score,
-        recycle=RECYCLE_MODES[args.recycle],
-    )
-
-    chat = not args.no_chat
-    if chat:
-        try:
-            gen.encode(args.prompt, chat=True)
-        except ValueError as e:
-            if str(e) != NO_CHAT_TEMPLATE:
-                raise
-            _say("lookahead: the tokenizer has no chat template; using the prompt as is")
-            chat = False
-
-    def stream(_ids, delta):
-        sys.stdout.write(delta)
-        sys.stdout.flush()
-
-    res = gen.generate(
-        args.prompt,
-        chat=chat,
-        max_new_tokens=args.max_new_tokens,
-        do_sample=args.sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop_strings=args.stop,
-        on_tokens=stream,
-    )
-    s = res.stats
-    print()
-    _say(
-        f"[{s.new_tokens} tokens in {s.total_s:.2f}s = {s.new_tokens / s.total_s:.1f} tok/s; "
-        f"{s.steps} steps, {s.tokens_per_step:.2f} tokens/step, {s.mean_accepted:.2f} accepted "
-        f"draft tokens/step; prefill {s.prefill_s:.2f}s, draft {s.draft_s:.3f}s, mask "
-        f"{s.mask_s:.3f}s, forward {s.forward_s:.2f}s, verify {s.verify_s:.3f}s, KV fix-up "
-        f"{s.kv_s:.3f}s (host {100 * s.host_overhead:.1f}% of forward); {args.dtype}, "
-        + f"{sum(s.draft_nodes) / max(s.steps, 1):.1f} nodes/step by {gen.sizer!r}"
-        + f"; finish: {res.finish_reason}]"
-    )
-    return 0
-
-
-def _calibrate(args) -> int:
-    from lookahead.costs import CONTEXTS, load_or_measure
-    from lookahead.models import load_model, resolve_dtype
-
-    args.dtype = resolve_dtype(args.dtype, args.device)
-    model, _tok = load_model(args.model, args.dtype, device=args.device)
-    costs = load_or_measure(model, refresh=True)
-    print(
-        f"verify cost by rows ({args.dtype}, {costs.key['device']}, {costs.key['threads']} threads)"
-    )
-    for ctx in (*CONTEXTS, 4 * CONTEXTS[-1]):
-        print(costs.describe(ctx))
-    return 0
-
-
 def budget_problem(args) -> str | None:
     """What is wrong with `args.budget` / `args.max_budget` (each None or in
     [0, MAX_BUDGET]), or None: the check the `lookahead` command and `python -m benchmarks e2e` share
@@ -269,6 +203,12 @@ def _check_args(args) -> str | None:
 
     if args.threads is not None and not 1 <= args.threads <= max_threads():
         return f"--threads must be in [1, {max_threads()}] (4 per CPU here, at most 256)"
+    if args.engine == "llamacpp":
+        from lookahead.llamacpp.commands import engine_problem
+
+        problem = engine_problem(args)
+        if problem:
+            return problem
     if args.command == "calibrate":
         return None
     if args.max_new_tokens < 1:
@@ -374,10 +314,11 @@ def main(argv: list | None = None) -> int:
                 from lookahead import demo
 
                 rc = demo.main(args)
-            elif args.command == "calibrate":
-                rc = _calibrate(args)
             else:
-                rc = _generate(args)
+                from lookahead import commands
+
+                run = commands.calibrate if args.command == "calibrate" else commands.generate
+                rc = run(args)
             sys.stdout.flush()  # a reader gone by now fails here, not in the flush at exit
             return rc
     except KeyboardInterrupt:

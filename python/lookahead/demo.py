@@ -198,22 +198,14 @@ def run(
                 out[m] = gen.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         plain_ids, plain_s = out["plain"]
         res = out["lookahead"]
-        s = res.stats
         pld_ids, pld_s = out.get("pld", (None, None))
-        yield DemoRow(
-            question_id=p["question_id"],
-            category=p["category"],
-            prompt_tokens=len(ids),
-            plain_tokens=len(plain_ids),
-            lookahead_tokens=len(res.ids),
-            plain_s=plain_s,
-            lookahead_s=s.total_s,
-            steps=s.steps,
-            mean_accepted=s.mean_accepted,
-            tokens_per_step=s.tokens_per_step,
-            host_overhead=s.host_overhead,
-            identical=plain_ids == res.ids,
-            fork=explain_fork(model, ids, plain_ids, res.ids, bound),
+        yield DemoRow.of(
+            p,
+            ids,
+            plain_ids,
+            plain_s,
+            res,
+            explain_fork(model, ids, plain_ids, res.ids, bound),
             pld_tokens=None if pld_ids is None else len(pld_ids),
             pld_s=pld_s,
             pld_identical=None if pld_ids is None else pld_ids == plain_ids,
@@ -231,18 +223,26 @@ def measure_bound(model, ids: list) -> float:
     return rounding_bound(model, ids, rows=32)
 
 
-def main(args) -> int:
-    """Entry point for `lookahead demo` (arguments parsed by `lookahead.cli`)."""
-    import torch
-    from tqdm import tqdm
-
-    from lookahead.models import cpu_features, load_model, resolve_dtype
-
+def selected_prompts(args) -> list:
+    """The prompts `args` selects (`--prompts`, `--categories`, `--count`)."""
     if args.categories is None:  # the sample's copy-heavy categories; a user's file: all
         categories = DEFAULT_CATEGORIES if args.prompts is None else None
     else:
         categories = [c for c in args.categories.split(",") if c] or None
-    prompts = load_prompts(args.prompts, categories, args.count)
+    return load_prompts(args.prompts, categories, args.count)
+
+
+def main(args) -> int:
+    """Entry point for `lookahead demo` (arguments parsed by `lookahead.cli`)."""
+    prompts = selected_prompts(args)
+    if getattr(args, "engine", "hf") == "llamacpp":
+        from lookahead.llamacpp.demo import main as llamacpp_main
+
+        return llamacpp_main(args, prompts)
+    import torch
+
+    from lookahead.models import cpu_features, load_model, resolve_dtype
+
     t0 = time.perf_counter()
     device = getattr(args, "device", "cpu")
     args.dtype = resolve_dtype(args.dtype, device)
@@ -262,9 +262,6 @@ def main(args) -> int:
         f"lookahead; a fork within {bound:.3g} (twice what rounding moved a competing logit "
         "between one-row and multi-row forwards here) is a near-tie, beyond it a bug"
     )  # fmt: skip
-    color = sys.stdout.isatty()
-    rows: list = []
-    print(HEADER)
     it = run(
         model,
         tok,
@@ -279,14 +276,39 @@ def main(args) -> int:
         pld=pld,
         bound=bound,
     )
-    with tqdm(total=len(prompts), desc="prompts", unit="prompt", file=sys.stderr) as bar:
-        for row in it:
+    fields = {
+        "device": device,
+        "dtype": args.dtype,
+        "max_new_tokens": args.max_new_tokens,
+        "budget": args.budget,  # None: drafts sized by the measured verify cost
+        "max_budget": args.max_budget,  # None: as budget
+        "threads": torch.get_num_threads(),
+        "depth": args.depth,
+        "multi_branch": not args.single_branch,
+        "cpu_features": features,
+        "pld_tokens": PLD_TOKENS if pld else None,
+        "rounding_bound": bound,
+    }
+    return show(it, len(prompts), args, args.dtype, fields, bound)
+
+
+def show(rows_iter, n: int, args, label: str, fields: dict, bound: float) -> int:
+    """Prints the table as `rows_iter`'s `DemoRow`s come (a progress bar on stderr), then
+    the summary; writes `args.json` (with `fields`) and `args.plot`; returns 1 if any
+    output differs from plain decoding by more than rounding explains, else 0."""
+    from tqdm import tqdm
+
+    color = sys.stdout.isatty()
+    rows: list = []
+    print(HEADER)
+    with tqdm(total=n, desc="prompts", unit="prompt", file=sys.stderr) as bar:
+        for row in rows_iter:
             rows.append(row)
             tqdm.write(format_row(row, color), file=sys.stdout)
             bar.update(1)
     summary = summarize(rows)
     print()
-    print(format_summary(summary, args.dtype))
+    print(format_summary(summary, label))
     busy = busy_note()
     if busy:
         print(busy, file=sys.stderr)
@@ -295,17 +317,7 @@ def main(args) -> int:
 
         payload = {
             **header(command_line("lookahead", None)),
-            "device": getattr(args, "device", "cpu"),
-            "dtype": args.dtype,
-            "max_new_tokens": args.max_new_tokens,
-            "budget": args.budget,  # None: drafts sized by the measured verify cost
-            "max_budget": args.max_budget,  # None: as budget
-            "threads": torch.get_num_threads(),
-            "depth": args.depth,
-            "multi_branch": not args.single_branch,
-            "cpu_features": features,
-            "pld_tokens": PLD_TOKENS if pld else None,
-            "rounding_bound": bound,
+            **fields,
             "rows": [
                 {
                     **asdict(r),
@@ -322,7 +334,7 @@ def main(args) -> int:
         }
         write_output(args.json, json.dumps(payload, indent=2))
     if args.plot:
-        plot(rows, summary, args.plot, args.dtype)
+        plot(rows, summary, args.plot, label)
     bugs = [r for r in rows if r.verdict == "bug"]
     if bugs:
         msg = (

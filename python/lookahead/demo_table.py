@@ -29,6 +29,28 @@ class DemoRow:
     pld_identical: bool | None = None
     pld_fork: object = None
 
+    @classmethod
+    def of(cls, prompt: dict, ids: list, plain_ids: list, plain_s: float, res, fork, **peer):
+        """The row of `prompt` (its `ids`): plain's output and seconds, lookahead's
+        `GenerationResult` and its `fork` (None when identical), and the peer's fields."""
+        s = res.stats
+        return cls(
+            question_id=prompt["question_id"],
+            category=prompt["category"],
+            prompt_tokens=len(ids),
+            plain_tokens=len(plain_ids),
+            lookahead_tokens=len(res.ids),
+            plain_s=plain_s,
+            lookahead_s=s.total_s,
+            steps=s.steps,
+            mean_accepted=s.mean_accepted,
+            tokens_per_step=s.tokens_per_step,
+            host_overhead=s.host_overhead,
+            identical=plain_ids == res.ids,
+            fork=fork,
+            **peer,
+        )
+
     @property
     def verdict(self) -> str:
         """identical, near-tie or bug (lookahead against plain decoding)."""

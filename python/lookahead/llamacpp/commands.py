@@ -1,0 +1,60 @@
+"""The `lookahead` command's `--engine llamacpp`: what of the arguments this engine takes,
+its generator, and `calibrate` (arguments parsed by `lookahead.cli`)."""
+
+from __future__ import annotations
+
+
+def engine_problem(args) -> str | None:
+    """What the llama.cpp engine cannot do of `args` (checked before the model loads), or
+    None: it runs a GGUF file as is, on the CPU, without recycling or a repetition penalty."""
+    if args.dtype != "auto":
+        return "--dtype is the HF engine's: the llama.cpp engine runs the GGUF's own types"
+    if args.device != "cpu":
+        return "the llama.cpp engine runs on the CPU: leave --device out"
+    if getattr(args, "recycle", "off") != "off":
+        return "--recycle is not in the llama.cpp engine yet"
+    if getattr(args, "repetition_penalty", None) not in (None, 1.0):
+        return "--repetition-penalty is not in the llama.cpp engine yet"
+    return None
+
+
+def load(args):
+    """The `LlamaCppModel` of `args.model` (default: the default model's GGUF, fetched once)."""
+    from lookahead.llamacpp.model import LlamaCppModel
+    from lookahead.models import default_gguf_path
+
+    path = args.model if args.model is not None else default_gguf_path()
+    return LlamaCppModel(path, n_threads=args.threads)
+
+
+def describe(model) -> str:
+    """`llama.cpp, SmolLM2-135M-Instruct.Q4_1.gguf, 2 threads`."""
+    return f"llama.cpp, {model.path.name}, {model.threads} threads"
+
+
+def generator(args):
+    """The engine's generator from `args`, and what the statistics line says of it."""
+    from lookahead.llamacpp.generator import LlamaCppGenerator
+
+    model = load(args)
+    gen = LlamaCppGenerator(
+        model,
+        budget=args.budget,
+        max_budget=args.max_budget,
+        min_draft_score=args.min_draft_score,
+        depth=args.depth,
+        multi_branch=not args.single_branch,
+    )
+    return gen, describe(model)
+
+
+def calibrate(args) -> int:
+    """`lookahead calibrate --engine llamacpp`: the verify cost by rows, measured now (the
+    engine measures it at every start, about a second; nothing is kept)."""
+    from lookahead.llamacpp.costs import measure_costs
+
+    model = load(args)
+    costs = measure_costs(model)
+    print(f"verify cost by rows ({describe(model)}; measured at every start)")
+    print(costs.describe(128))
+    return 0

@@ -1,0 +1,69 @@
+"""`lookahead generate | demo | calibrate --engine llamacpp` on a tiny GGUF written here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from lookahead import cli
+
+pytest.importorskip("llama_cpp", reason="needs the llamacpp extra (make llamacpp)")
+
+from tiny_gguf import write_tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "text.gguf"
+    return str(write_tiny_llama(path, tokenizer=True, repeat_bias=3.0))
+
+
+def test_generate_streams_the_text_and_reports_the_steps(gguf, capsys):
+    argv = ["generate", "--engine", "llamacpp", "--model", gguf, "--threads", "2",
+            "--prompt", "abc abc abc", "--max-new-tokens", "12", "--budget", "4"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and "12 tokens in" in err and "llama.cpp, text.gguf" in err
+    assert "FixedSizer" in err
+    assert cli.main([*argv, "--sample", "--temperature", "0.8", "--seed", "4"]) == 0
+
+
+def test_demo_runs_plain_and_lookahead_on_every_prompt(gguf, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "abc abc abc abc"}\n{"prompt": "xy xy xy", "category": "k"}\n')
+    out = tmp_path / "o.json"
+    argv = ["demo", "--engine", "llamacpp", "--model", gguf, "--prompts", str(prompts),
+            "--max-new-tokens", "16", "--json", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    got = json.loads(out.read_text())
+    assert got["engine"] == "llamacpp" and [r["category"] for r in got["rows"]] == ["custom", "k"]
+    assert all(r["verdict"] != "bug" for r in got["rows"])
+    assert got["start_up_costs"]["widths"][0] == 1
+    assert "verify cost learnt from this run" in capsys.readouterr().out
+
+
+def test_calibrate_prints_the_measured_curve(gguf, capsys):
+    assert cli.main(["calibrate", "--engine", "llamacpp", "--model", gguf]) == 0
+    assert "W=1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--dtype", "float32"], "--dtype is the HF engine's"),
+        (["--device", "cuda"], "runs on the CPU"),
+        (["--recycle", "on"], "--recycle is not in the llama.cpp engine"),
+        (["--repetition-penalty", "1.2"], "--repetition-penalty is not in"),
+    ],
+)
+def test_what_the_engine_cannot_do_is_refused_before_loading(gguf, extra, message, capsys):
+    argv = ["generate", "--engine", "llamacpp", "--model", gguf, "--prompt", "x", *extra]
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_gguf_is_one_line(tmp_path, capsys):
+    argv = ["generate", "--engine", "llamacpp", "--model", str(tmp_path / "no.gguf"),
+            "--prompt", "x"]  # fmt: skip
+    assert cli.main(argv) == 1
+    assert "GGUF file not found" in capsys.readouterr().err
