@@ -91,19 +91,25 @@ def plain_generate(
     max_new_tokens: int,
     cfg: SamplingConfig | None = None,
     seed: int | None = 0,
+    times: dict | None = None,
 ) -> list:
     """llama.cpp's decoding of `ids` in sequence 0, greedy unless `cfg` samples (with
     `seed`): one token per `llama_decode`, logits for that token only. Returns the new
-    tokens (through an end-of-generation one)."""
+    tokens (through an end-of-generation one); `times` gets `prefill_s` and `total_s`."""
     _check_request(model, ids, max_new_tokens)
     verdict = Verifier(cfg or SamplingConfig(), seed)
+    t0 = time.perf_counter()
     model.reset()
     row = model.prefill(list(ids), [0])
+    if times is not None:
+        times["prefill_s"] = time.perf_counter() - t0
     out: list = []
     pos = len(ids)
     while True:
         out.append(verdict(row[None], [out[-1] if out else 0], [-1], [0], len(out))[1])
         if len(out) >= max_new_tokens or model.is_eog(out[-1]):
+            if times is not None:
+                times["total_s"] = time.perf_counter() - t0
             return _finish(model, out, max_new_tokens)[0]
         row = model.decode([out[-1]], [pos], [[0]], [True])[0]
         pos += 1
