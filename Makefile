@@ -15,9 +15,13 @@ install: wheel  ## build the release wheel and install it with the HF engine (to
 	# The same version number may already be installed (editable, or an older build).
 	$(PIP) install --no-deps --force-reinstall dist/lookahead_spec-*.whl
 
+# `make demo ENGINE=llamacpp`: the demo on llama.cpp (builds llama-cpp-python first, ~7-10 min).
+ENGINE ?= hf
+
 .PHONY: demo
-demo: install  ## install, fetch the default model, run `lookahead demo`
-	$(PY) -m lookahead.cli demo
+demo: install  ## install, fetch the default model, run `lookahead demo` (ENGINE=llamacpp: on llama.cpp)
+	if [ "$(ENGINE)" = llamacpp ]; then $(MAKE) llamacpp PY="$(PY)"; fi
+	$(PY) -m lookahead.cli demo --engine $(ENGINE)
 
 .PHONY: dev
 dev:  ## editable install with test and lint tools, SGLang 0.5.23 (no CUDA deps), the peers and llama.cpp
@@ -75,6 +79,27 @@ llamacpp:  ## the llama.cpp engine's llama-cpp-python 0.3.36, built from source 
 		PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" \
 		CMAKE_ARGS="-DLLAVA_BUILD=OFF" \
 		$(PIP) install --no-deps --no-build-isolation -r requirements/llamacpp.txt
+
+.PHONY: llama-server
+llama-server:  ## llama.cpp's llama-server, llama-bench, llama-quantize from the pinned llama-cpp-python sdist (benchmark peers, not shipped; ~10 min)
+	$(PIP) install ninja==1.13.2 cmake==4.4.5 scikit-build-core==0.12.2
+	mkdir -p target/llama-server-src
+	cd target/llama-server-src && ls llama_cpp_python-*.tar.gz >/dev/null 2>&1 || \
+		$(PY) -m pip download --no-deps --no-build-isolation -d . \
+		"$$(grep -E '^llama-cpp-python==' ../../requirements/llamacpp.txt)"
+	cd target/llama-server-src && ls -d llama_cpp_python-*/ >/dev/null 2>&1 || \
+		tar xzf llama_cpp_python-*.tar.gz
+	# No network at build time: no curl, no prebuilt web UI.
+	PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" && \
+		cmake -S target/llama-server-src/llama_cpp_python-*/vendor/llama.cpp \
+		-B target/llama-server-src/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DGGML_NATIVE=ON && \
+		ninja -C target/llama-server-src/build llama-server llama-bench llama-quantize
+
+.PHONY: bench-llamacpp
+bench-llamacpp: llama-server  ## llama.cpp plain and its n-gram speculators against lookahead on llama.cpp (Spec-Bench)
+	$(PY) -m benchmarks llamacpp --json benchmarks/results/llamacpp.json
 
 .PHONY: bench-accept
 bench-accept:  ## acceptance simulator over the recorded traces (B = 8, 16, 32)

@@ -16,6 +16,7 @@ BENCHES = {
     "accept": ("benchmarks.accept", "acceptance simulator over the recorded traces"),
     "e2e": ("benchmarks.e2e", "end to end against plain decoding and HF prompt lookup"),
     "traces": ("benchmarks.traces", "record prompt/output traces with the default model"),
+    "llamacpp": ("benchmarks.llamacpp", "llama.cpp: plain, its n-gram speculators, lookahead"),
     "plot": ("benchmarks.plot", "redraw a bench's PNG chart from its --json file"),
 }
 

@@ -1,0 +1,303 @@
+"""lookahead on llama.cpp against llama.cpp itself: `llama-server` decoding plainly and with
+each of its n-gram speculators, on Spec-Bench, in one interleaved run.
+
+    make llama-server   # builds llama-server, llama-bench, llama-quantize (not shipped)
+    python -m benchmarks llamacpp [--quants q4_1,f16] [--per-category 3] [--max-new-tokens 128]
+                                  [--json FILE]
+
+Every `llama-server` runs at once (one per setting, 127.0.0.1, 2 threads, one slot, idle
+between requests); per prompt each setting and the in-process engines run back to back in
+an order rotated from prompt to prompt, so the VM's drift hits all alike. Prompts are the
+model's chat template around Spec-Bench's first turn, sent to the server as token ids (the
+same ids every setting sees); greedy (`temperature` 0), no prompt cache.
+
+Per setting and category: decode tok/s (tokens after the first over the time after the
+prompt: the server's `predicted_*` timings, the engine's `total_s - prefill_s`), its
+median ratio to plain `llama-server` over the prompts, tokens per step (drafted and
+accepted for the server's speculators), and how many outputs equal plain `llama-server`'s
+token for token. `lookahead` is `lookahead.llamacpp.LlamaCppGenerator` with its cost-aware
+sizer (its host time per step against the forward's is printed too); `plain (engine)` is
+the same library's one-sequence greedy decoding, to show in-process plain equals the
+server's. Then the verify cost curve the engine measured and learnt beside `llama-bench -p
+W -n 0`. Quantizations other than the default model's Q4_1 file are made from it with
+`llama-quantize --allow-requantize` (the same weights, dequantized: F16 is exact up to
+fp16 rounding of the Q4_1 values; Q8_0 and Q4_0 round again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from benchmarks.harness import positive_int, run_script
+from benchmarks.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions, spec_bench_category
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / "target" / "llama-server-src" / "build" / "bin"
+OUT = ROOT / "benchmarks" / "out" / "gguf"
+# The server's settings: llama.cpp's n-gram speculators at their defaults, and ngram-mod /
+# ngram-simple tuned for the short drafts a steep verify cost pays for.
+SETTINGS = {
+    "plain": ["--spec-type", "none"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+    "ngram-mod-short": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "8",
+                        "--spec-ngram-mod-n-min", "2", "--spec-ngram-mod-n-max", "8"],
+    "ngram-simple": ["--spec-type", "ngram-simple"],
+    "ngram-simple-short": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
+                           "--spec-ngram-simple-size-m", "4"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k"],
+    "ngram-cache": ["--spec-type", "ngram-cache"],
+}  # fmt: skip
+ENGINES = ("plain (engine)", "lookahead")
+START_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_S = 600.0
+
+
+def gguf_of(quant: str) -> Path:
+    """The default model's GGUF in `quant` (q4_1: the shipped file; others made once)."""
+    from lookahead.models import default_gguf_path
+
+    src = default_gguf_path()
+    if quant.lower() == "q4_1":
+        return src
+    out = OUT / f"SmolLM2-135M-Instruct.{quant.upper()}.gguf"
+    if not out.is_file():
+        OUT.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".partial")
+        cmd = [str(BIN / "llama-quantize"), "--allow-requantize", str(src), str(tmp),
+               quant.upper(), "2"]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+        tmp.rename(out)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One `llama-server` process on 127.0.0.1 (a context manager: stopped on exit)."""
+
+    def __init__(self, model: Path, args: list[str], threads: int, log: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(BIN / "llama-server"), "-m", str(model), "-t", str(threads), "-tb",
+               str(threads), "-c", "4096", "-np", "1", "--host", "127.0.0.1", "--port",
+               str(self.port), *args]  # fmt: skip
+        self.log = log
+        self.proc = subprocess.Popen(
+            cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}): {self.log}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"llama-server not ready in {START_TIMEOUT_S:.0f} s: {self.log}")
+
+    def complete(self, ids: list, n: int) -> dict:
+        body = {"prompt": ids, "n_predict": n, "temperature": 0, "cache_prompt": False,
+                "return_tokens": True}  # fmt: skip
+        req = urllib.request.Request(
+            self.url + "/completion",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+            return json.loads(r.read())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def server_row(resp: dict) -> dict:
+    t = resp["timings"]
+    toks = list(resp["tokens"])
+    row = {"tokens": toks, "decode_s": t["predicted_ms"] / 1e3, "n": len(toks)}
+    if "draft_n" in t:
+        row["drafted"], row["accepted"] = t["draft_n"], t["draft_n_accepted"]
+    return row
+
+
+def llama_bench(model: Path, threads: int) -> dict:
+    """`llama-bench -p W -n 0` seconds per forward of W prompt tokens, by W."""
+    ws = "1,2,3,4,6,8,12,16,24,32"
+    out = subprocess.run(
+        [str(BIN / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", ws, "-n", "0",
+         "-r", "5", "-o", "json"],
+        check=True, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    return {int(r["n_prompt"]): r["avg_ns"] / 1e9 for r in json.loads(out.stdout)}
+
+
+def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
+    from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, plain_generate
+
+    model = gguf_of(quant)
+    bench = llama_bench(model, args.threads)
+    plain_m = LlamaCppModel(model, n_ctx=4096, n_threads=args.threads, n_seq_max=1)
+    gen = LlamaCppGenerator(LlamaCppModel(model, n_ctx=4096, n_threads=args.threads))
+    servers = {s: Server(model, a, args.threads, log_dir / f"{quant}-{s}.log") for s, a in SETTINGS.items()}  # fmt: skip
+    rows = []
+    try:
+        for s in servers.values():
+            s.wait_ready()
+        encoded = [gen.model.encode(q["turns"][0], chat=True) for q in prompts]
+        warm = gen.model.encode("Say hello.", chat=True)
+        gen.generate(warm, 8)
+        for s in servers.values():
+            s.complete(warm, 8)
+        methods = [*SETTINGS, *ENGINES]
+        for k, (q, ids) in enumerate(zip(prompts, encoded)):
+            got = {}
+            for m in methods[k % len(methods) :] + methods[: k % len(methods)]:
+                if m in servers:
+                    got[m] = server_row(servers[m].complete(ids, args.max_new_tokens))
+                elif m == "lookahead":
+                    res = gen.generate(ids, args.max_new_tokens)
+                    st = res.stats
+                    got[m] = {"tokens": res.ids, "n": len(res.ids), "steps": st.steps,
+                              "decode_s": st.total_s - st.prefill_s,
+                              "drafted": sum(st.draft_nodes), "accepted": sum(st.accepted),
+                              "host_overhead": st.host_overhead}  # fmt: skip
+                else:
+                    t = {}
+                    toks = plain_generate(plain_m, ids, args.max_new_tokens, times=t)
+                    got[m] = {
+                        "tokens": toks,
+                        "n": len(toks),
+                        "decode_s": t["total_s"] - t["prefill_s"],
+                    }
+            ref = got["plain"]["tokens"]
+            for r in got.values():
+                r["identical"] = r.pop("tokens") == ref  # the flag is kept, not the tokens
+                r["tps"] = (r["n"] - 1) / r["decode_s"] if r["decode_s"] > 0 else float("nan")
+            line = "  ".join(f"{m} {got[m]['tps']:.1f}" + ("" if got[m]["identical"] else "*") for m in methods)  # fmt: skip
+            print(f"[{quant}] {q['category']:<14} {len(ids):>4} tok: {line}", flush=True)
+            rows.append({"question_id": q["question_id"], "category": q["category"],
+                         "prompt_tokens": len(ids), "methods": got})  # fmt: skip
+    finally:
+        for s in servers.values():
+            s.__exit__()
+    costs = gen.sizer.cost_model
+    learned = gen.sizer.learned.as_cost_model() if gen.sizer.learned is not None else None
+    return {"quant": quant, "model": str(model), "rows": rows, "llama_bench": bench,
+            "start_up_costs": costs.to_json() if costs else None,
+            "learned_costs": learned.to_json() if learned else None}  # fmt: skip
+
+
+def summarize(result: dict) -> list[dict]:
+    """Per category (and overall) and method: mean tok/s, median ratio to plain, steps."""
+    out = []
+    rows = result["rows"]
+    cat_of = {id(r): spec_bench_category(r["category"]) for r in rows}
+    cats = [c for c in CATEGORIES if c in cat_of.values()] + ["overall"]
+    for cat in cats:
+        rs = [r for r in rows if cat == "overall" or cat_of[id(r)] == cat]
+        for m in rs[0]["methods"]:
+            ms = [r["methods"][m] for r in rs]
+            plain = [r["methods"]["plain"]["tps"] for r in rs]
+            steps = [x["steps"] if "steps" in x else x["n"] - x.get("accepted", 0) for x in ms]
+            row = {"category": cat, "method": m, "prompts": len(rs),
+                   "tps": statistics.fmean(x["tps"] for x in ms),
+                   "median_vs_plain": statistics.median(x["tps"] / p for x, p in zip(ms, plain)),
+                   "tokens_per_step": sum(x["n"] for x in ms) / max(sum(steps), 1),
+                   "identical": sum(x["identical"] for x in ms)}  # fmt: skip
+            if any("drafted" in x for x in ms):
+                row["drafted"] = sum(x.get("drafted", 0) for x in ms)
+                row["accepted"] = sum(x.get("accepted", 0) for x in ms)
+            if m == "lookahead":
+                row["host_overhead"] = statistics.fmean(x["host_overhead"] for x in ms)
+            out.append(row)
+    return out
+
+
+def print_tables(result: dict, summary: list) -> None:
+    q = result["quant"]
+    print(f"\n## {q} ({Path(result['model']).name}): decode tok/s, median ratio to plain "
+          "llama-server, tokens per step, outputs identical to plain llama-server's")  # fmt: skip
+    for s in summary:
+        extra = f"  drafted/accepted {s['drafted']}/{s['accepted']}" if "drafted" in s else ""
+        if "host_overhead" in s:
+            extra += f"  host {100 * s['host_overhead']:.1f}% of forward"
+        print(f"{s['category']:<14} {s['method']:<19} {s['tps']:>6.1f} tok/s  "
+              f"{s['median_vs_plain']:>5.2f}x  {s['tokens_per_step']:>5.2f}/step  "
+              f"identical {s['identical']}/{s['prompts']}{extra}")  # fmt: skip
+    bench = {int(w): t for w, t in result["llama_bench"].items()}  # JSON keys are strings
+    print(f"\nforward of W rows relative to W=1 ({q}; W=1 ms in brackets)")
+    print(f"llama-bench -p W -n 0 (logits: last row)  [{1e3 * bench[1]:.1f}] "
+          + " ".join(f"W={w} {t / bench[1]:.2f}x" for w, t in sorted(bench.items()) if w > 1))  # fmt: skip
+    for name in ("start_up_costs", "learned_costs"):
+        c = result[name]
+        if c:
+            ms = dict(zip(c["widths"], c["ms"][0], strict=True))
+            print(f"engine {name.replace('_', ' '):<28} [{ms[1]:.1f}] "
+                  + " ".join(f"W={w} {t / ms[1]:.2f}x" for w, t in ms.items() if w > 1))  # fmt: skip
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks llamacpp")
+    p.add_argument("--quants", default="q4_1,f16", help="GGUF types of the default model")
+    p.add_argument("--per-category", type=positive_int, default=3)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
+    p.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "llamacpp_logs"))
+    p.add_argument("--json", default=None)
+    p.add_argument("--report", default=None, help="print the tables of a --json file, run nothing")
+    args = p.parse_args(argv)
+    if args.report:
+        for res in json.loads(Path(args.report).read_text())["results"]:
+            print_tables(res, summarize(res))
+        return 0
+    if not (BIN / "llama-server").is_file():
+        raise OSError(f"{BIN / 'llama-server'} not found: run `make llama-server` first")
+    from lookahead.models import cpu_features
+
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    prompts = select_questions(args.questions, args.per_category)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, CPU features "
+          f"{', '.join(cpu_features())}, {os.cpu_count()} CPUs, {args.threads} threads; "
+          f"{len(prompts)} Spec-Bench prompts, {args.max_new_tokens} new tokens, greedy; "
+          "* = output differs from plain llama-server's")  # fmt: skip
+    results = []
+    for quant in [x for x in args.quants.split(",") if x]:
+        res = run_quant(quant, prompts, args, log_dir)
+        res["summary"] = summarize(res)
+        print_tables(res, res["summary"])
+        results.append(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"argv": argv, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main, __doc__)
