@@ -100,9 +100,7 @@ class LearnedCosts:
         rows = np.arange(self.max_rows + 1)
         if mine:
             at = sorted(mine)
-            shrunk = [
-                _median(mine[r]) * len(mine[r]) / (len(mine[r]) + PRIOR_COUNT) for r in at
-            ]
+            shrunk = [_median(mine[r]) * len(mine[r]) / (len(mine[r]) + PRIOR_COUNT) for r in at]
             got = np.interp(rows, at, shrunk)
         else:
             got = np.zeros(len(rows))
