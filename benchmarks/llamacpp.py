@@ -41,7 +41,11 @@ from benchmarks.harness import positive_int, run_script
 from benchmarks.traces import CATEGORIES, DEFAULT_QUESTIONS, select_questions, spec_bench_category
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = ROOT / "target" / "llama-server-src" / "build" / "bin"
+# `make llama-server`'s binaries; `--bin` (or $LOOKAHEAD_LLAMA_BIN) another build's, e.g. one
+# held to AVX2 (then point llama-cpp-python at its libllama too: LLAMA_CPP_LIB_PATH=that dir).
+BIN = Path(
+    os.environ.get("LOOKAHEAD_LLAMA_BIN", ROOT / "target" / "llama-server-src" / "build" / "bin")
+)
 OUT = ROOT / "benchmarks" / "out" / "gguf"
 # The server's settings: llama.cpp's n-gram speculators at their defaults, and ngram-mod /
 # ngram-simple tuned for the short drafts a steep verify cost pays for.
@@ -263,6 +267,7 @@ def print_tables(result: dict, summary: list) -> None:
 
 
 def main(argv=None) -> int:
+    global BIN  # the binaries every helper here runs: --bin moves them
     p = argparse.ArgumentParser(prog="python -m benchmarks llamacpp")
     p.add_argument("--quants", default="q4_1,f16", help="GGUF types of the default model")
     p.add_argument("--per-category", type=positive_int, default=3)
@@ -270,6 +275,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
     p.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "llamacpp_logs"))
+    p.add_argument("--bin", default=None, help=f"llama.cpp binaries' folder (default {BIN})")
     p.add_argument("--json", default=None)
     p.add_argument("--report", default=None, help="print the tables of a --json file, run nothing")
     args = p.parse_args(argv)
@@ -277,6 +283,8 @@ def main(argv=None) -> int:
         for res in json.loads(Path(args.report).read_text())["results"]:
             print_tables(res, summarize(res))
         return 0
+    if args.bin:
+        BIN = Path(args.bin)
     if not (BIN / "llama-server").is_file():
         raise OSError(f"{BIN / 'llama-server'} not found: run `make llama-server` first")
     from lookahead.models import cpu_features
@@ -284,6 +292,11 @@ def main(argv=None) -> int:
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     prompts = select_questions(args.questions, args.per_category)
+    lib = os.environ.get("LLAMA_CPP_LIB_PATH", "llama-cpp-python's own")
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode().strip()
+    print(f"# binaries {BIN}, engine libllama {lib}: {info}")
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, CPU features "
           f"{', '.join(cpu_features())}, {os.cpu_count()} CPUs, {args.threads} threads; "
           f"{len(prompts)} Spec-Bench prompts, {args.max_new_tokens} new tokens, greedy; "

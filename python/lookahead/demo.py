@@ -12,23 +12,11 @@ logit (measured at start-up), or a bug, which makes the demo exit 1.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from dataclasses import asdict
 from importlib import resources
 
-from lookahead.demo_table import (
-    HEADER,
-    RED,
-    RESET,
-    DemoRow,
-    busy_note,
-    format_row,
-    format_summary,
-    plot,
-    summarize,
-)
+from lookahead.demo_table import DemoRow, show
 from lookahead.hf.recycling import RECYCLE_MODES
 from lookahead.user_input import decode, loads_json, quote, read_file
 
@@ -290,58 +278,3 @@ def main(args) -> int:
         "rounding_bound": bound,
     }
     return show(it, len(prompts), args, args.dtype, fields, bound)
-
-
-def show(rows_iter, n: int, args, label: str, fields: dict, bound: float) -> int:
-    """Prints the table as `rows_iter`'s `DemoRow`s come (a progress bar on stderr), then
-    the summary; writes `args.json` (with `fields`) and `args.plot`; returns 1 if any
-    output differs from plain decoding by more than rounding explains, else 0."""
-    from tqdm import tqdm
-
-    color = sys.stdout.isatty()
-    rows: list = []
-    print(HEADER)
-    with tqdm(total=n, desc="prompts", unit="prompt", file=sys.stderr) as bar:
-        for row in rows_iter:
-            rows.append(row)
-            tqdm.write(format_row(row, color), file=sys.stdout)
-            bar.update(1)
-    summary = summarize(rows)
-    print()
-    print(format_summary(summary, label))
-    busy = busy_note()
-    if busy:
-        print(busy, file=sys.stderr)
-    if args.json:
-        from lookahead.output import command_line, header, write_output
-
-        payload = {
-            **header(command_line("lookahead", None)),
-            **fields,
-            "rows": [
-                {
-                    **asdict(r),
-                    "speedup": r.speedup,
-                    "plain_tps": r.plain_tps,
-                    "lookahead_tps": r.lookahead_tps,
-                    "pld_tps": r.pld_tps,
-                    "speedup_vs_pld": r.speedup_vs_pld,
-                    "verdict": r.verdict,
-                }
-                for r in rows
-            ],
-            "summary": summary,
-        }
-        write_output(args.json, json.dumps(payload, indent=2))
-    if args.plot:
-        plot(rows, summary, args.plot, label)
-    bugs = [r for r in rows if r.verdict == "bug"]
-    if bugs:
-        msg = (
-            f"lookahead: {len(bugs)} output(s) differ from plain decoding by more than rounding "
-            f"explains (bound {bound:.3g}): " + "; ".join(f"{r.question_id}: {r.fork.describe() if r.fork else 'differs'}" for r in bugs)
-            + ". This is a bug; please report it with --json output."
-        )  # fmt: skip
-        print(f"{RED}{msg}{RESET}" if sys.stderr.isatty() else msg, file=sys.stderr)
-        return 1
-    return 0

@@ -40,7 +40,7 @@ def run(plain, gen, prompts, encoded, max_new_tokens: int, bound: float):
 
 def main(args, prompts: list) -> int:
     """`lookahead demo --engine llamacpp` (arguments checked by `lookahead.cli`)."""
-    from lookahead.demo import show
+    from lookahead.demo_table import show
     from lookahead.errors import InvalidInput
     from lookahead.llamacpp.commands import describe, generator
     from lookahead.llamacpp.forks import rounding_bound
