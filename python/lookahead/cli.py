@@ -52,7 +52,8 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads, 1 to 4 per CPU (at most 256; default: torch's choice)",
+        help="CPU threads, 1 to 4 per CPU (at most 256): torch's (default: torch's choice), or "
+        "llama.cpp's with --engine llamacpp (default: the CPUs this process may use)",
     )
 
 

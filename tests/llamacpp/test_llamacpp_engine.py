@@ -180,3 +180,15 @@ def test_stop_strings_end_the_output_and_text_streams_once(text_model):
     assert "".join(deltas) == res.text
     with pytest.raises(ValueError, match="stop_strings"):
         gen.generate(prompt, 5, stop_strings=[""])
+
+
+def test_threads_default_to_the_cpus_this_process_may_use(gguf_path):
+    import os
+
+    from lookahead.llamacpp.model import default_threads
+
+    m = LlamaCppModel(gguf_path, n_ctx=256, n_seq_max=1)
+    try:
+        assert m.threads == default_threads() == len(os.sched_getaffinity(0))
+    finally:
+        m.close()

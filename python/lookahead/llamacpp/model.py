@@ -52,6 +52,16 @@ def check_gguf(path: str | os.PathLike) -> Path:
     return p
 
 
+def default_threads() -> int:
+    """The CPUs this process may run on: llama.cpp's own default (4 threads) on a 2-core
+    machine runs plain decoding of the default model at a quarter of the speed of 2
+    threads (measured: 40 against 155 tok/s), each thread waiting for a core."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # no affinity API on this platform
+        return max(os.cpu_count() or 1, 1)
+
+
 _LOG_CB = None  # llama.cpp keeps the pointer: the callback must outlive every call
 
 
@@ -67,8 +77,8 @@ class LlamaCppModel:
     """A GGUF model and one llama.cpp context for one request at a time.
 
     `n_ctx`: the context in tokens (default: the model's training context, at most 8192);
-    `n_threads`: CPU threads (default: what llama.cpp picks); `n_seq_max`: KV sequences, so
-    the widest tree verified has at most `n_seq_max` branches."""
+    `n_threads`: CPU threads (default: the CPUs this process may run on, `default_threads`);
+    `n_seq_max`: KV sequences, so the widest tree verified has at most `n_seq_max` branches."""
 
     def __init__(
         self,
@@ -101,8 +111,7 @@ class LlamaCppModel:
         cp.n_batch = cp.n_ubatch = int(n_batch)
         cp.n_seq_max = int(n_seq_max)
         cp.kv_unified = True  # a tree's branches share the context's cells
-        if n_threads:
-            cp.n_threads = cp.n_threads_batch = int(n_threads)
+        cp.n_threads = cp.n_threads_batch = int(n_threads) if n_threads else default_threads()
         self.ctx = ll.llama_init_from_model(self.model, cp)
         if not self.ctx:
             ll.llama_model_free(self.model)
