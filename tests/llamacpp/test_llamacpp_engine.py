@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lookahead import LookaheadCache
-from lookahead.errors import ModelLoadError
+from lookahead.errors import InvalidInput, ModelLoadError
 from lookahead.sizing import FixedSizer
 
 pytest.importorskip("llama_cpp", reason="needs the llamacpp extra (make llamacpp)")
@@ -180,6 +180,17 @@ def test_stop_strings_end_the_output_and_text_streams_once(text_model):
     assert "".join(deltas) == res.text
     with pytest.raises(ValueError, match="stop_strings"):
         gen.generate(prompt, 5, stop_strings=[""])
+
+
+def test_bad_prompts_are_refused_as_the_hf_engine_refuses_them(text_model):
+    gen = LlamaCppGenerator(text_model, sizer=FixedSizer(4))
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        gen.generate([1.7, 2.2], 4)  # would have been truncated to [1, 2]
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        gen.generate("", 4, chat=True)  # the template alone would have been the prompt
+    with pytest.raises(InvalidInput, match="not valid UTF-8"):
+        gen.generate("abc\udc80", 4)
+    assert len(gen.generate("abc abc", 3).ids) == 3  # and it still serves
 
 
 def test_threads_default_to_the_cpus_this_process_may_use(gguf_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lookahead.errors import ModelLoadError
+from lookahead.errors import InvalidInput, ModelLoadError
 
 # A GGUF file starts with these bytes (then a little-endian version).
 GGUF_MAGIC = b"GGUF"
@@ -183,15 +183,22 @@ class LlamaCppModel:
         return raw.decode("utf-8", errors="replace") if raw else None
 
     def encode(self, prompt, chat: bool = False) -> list[int]:
-        """Prompt ids: a list of ids as is, or text tokenized with the model's tokenizer;
+        """Prompt ids: ids checked as the HF engine checks them (ints in the vocabulary), or
+        non-empty, valid text tokenized with the model's tokenizer;
         `chat`: as one user turn in the GGUF's chat template (rendered with Jinja as HF
         `apply_chat_template` renders it; then tokenized without an added BOS, as HF does),
         or ValueError `NO_CHAT_TEMPLATE` if it has none."""
+        from lookahead.hf.inputs import NO_CHAT_TEMPLATE, text_problem, token_ids
+
         if not isinstance(prompt, str):
-            return [int(t) for t in prompt]
+            return token_ids(prompt, self.n_vocab)  # the HF engine's checks of ids
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        problem = text_problem(prompt)
+        if problem:
+            raise InvalidInput(f"the prompt {problem}")
         if not chat:
             return self.tokenize(prompt)
-        from lookahead.hf.inputs import NO_CHAT_TEMPLATE
 
         tmpl = self.chat_template if self.has_text else None
         if not tmpl:
