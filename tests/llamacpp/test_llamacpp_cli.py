@@ -40,6 +40,13 @@ def test_demo_runs_plain_and_lookahead_on_every_prompt(gguf, tmp_path, capsys):
     assert all(r["verdict"] != "bug" for r in got["rows"])
     assert got["start_up_costs"]["widths"][0] == 1
     assert "verify cost learnt from this run" in capsys.readouterr().out
+    # a fixed budget: no cost curve to show, the same table
+    assert cli.main([*argv, "--budget", "4"]) == 0
+    assert json.loads(out.read_text())["start_up_costs"] is None
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "ab " * 400}) + "\n")
+    assert cli.main([*argv[:5], "--prompts", str(long), "--max-new-tokens", "16"]) == 1
+    assert "exceeds the context" in capsys.readouterr().err
 
 
 def test_calibrate_prints_the_measured_curve(gguf, capsys):

@@ -1,5 +1,5 @@
 """`lookahead demo --engine llamacpp`: plain llama.cpp greedy decoding and lookahead on
-llama.cpp, on the demo's prompts, in the HF demo's table (`lookahead.demo.show`).
+llama.cpp, on the demo's prompts, in the HF demo's table (`lookahead.demo_table.show`).
 
 Plain decoding runs in a context of one sequence, one token per `llama_decode`, as llama.cpp
 decodes without speculation; lookahead runs in the engine's own context. Per prompt the two
@@ -42,8 +42,9 @@ def main(args, prompts: list) -> int:
     """`lookahead demo --engine llamacpp` (arguments checked by `lookahead.cli`)."""
     from lookahead.demo_table import show
     from lookahead.errors import InvalidInput
-    from lookahead.llamacpp.commands import describe, generator
+    from lookahead.llamacpp.commands import generator
     from lookahead.llamacpp.forks import rounding_bound
+    from lookahead.llamacpp.generator import check_request
     from lookahead.llamacpp.model import LlamaCppModel
     from lookahead.models import cpu_features
 
@@ -53,15 +54,12 @@ def main(args, prompts: list) -> int:
     plain = LlamaCppModel(tree.path, n_ctx=tree.n_ctx, n_threads=args.threads, n_seq_max=1)
     encoded = [tree.encode(p["turns"][0], chat=True) for p in prompts]
     for p, ids in zip(prompts, encoded):  # refused before any prompt runs
-        if len(ids) + args.max_new_tokens + 1 > tree.n_ctx:
-            raise InvalidInput(
-                f"prompt {p['question_id']} ({p['category']}) has {len(ids)} tokens: with "
-                f"--max-new-tokens {args.max_new_tokens} it exceeds the context of {tree.n_ctx}"
-            )
-    warm = tree.encode("Say hello.", chat=True)
-    gen.generate(warm, 4)
-    plain_ids = encoded[0]
-    bound = rounding_bound(plain, tree, plain_ids)
+        try:
+            check_request(tree, ids, args.max_new_tokens)
+        except ValueError as e:
+            raise InvalidInput(f"prompt {p['question_id']} ({p['category']}): {e}") from None
+    gen.generate(tree.encode("Say hello.", chat=True), 4)  # warm-up
+    bound = rounding_bound(plain, tree, encoded[0])
     print(
         f"model {tree.path} loaded, start-up cost curve measured in "
         f"{time.perf_counter() - t0:.1f}s; {len(prompts)} prompts, max "
@@ -69,7 +67,7 @@ def main(args, prompts: list) -> int:
         file=sys.stderr,
     )
     features = cpu_features()
-    cost = gen.sizer.cost_model
+    cost = gen.cost_model
     print(
         f"# {label} (CPU: {', '.join(features) or 'no AVX2'}); tok/s of plain llama.cpp greedy "
         "decoding and lookahead (llama.cpp's own n-gram speculators: `python -m benchmarks "
@@ -92,7 +90,7 @@ def main(args, prompts: list) -> int:
         "start_up_costs": cost.to_json() if cost is not None else None,
     }
     rows = run(plain, gen, prompts, encoded, args.max_new_tokens, bound)
-    rc = show(rows, len(prompts), args, describe(tree), fields, bound)
+    rc = show(rows, len(prompts), args, label, fields, bound)
     learned = getattr(gen.sizer, "learned", None)
     if learned is not None:
         print(

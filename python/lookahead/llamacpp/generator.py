@@ -24,7 +24,7 @@ from lookahead.hf.stopping import TextTracker, find_cut
 from lookahead.llamacpp.model import DEFAULT_SEQS, LlamaCppModel
 from lookahead.llamacpp.tree import SequenceBook, branches, tree_batch
 from lookahead.llamacpp.verify import Verifier
-from lookahead.sizing import UNSET, Sizer, Step, sizer_from
+from lookahead.sizing import UNSET, CostAwareSizer, Sizer, Step, sizer_from
 
 
 class _EndTokens:
@@ -57,7 +57,8 @@ def sampling_config(do_sample=False, temperature=None, top_k=None, top_p=None) -
     )
 
 
-def _check_request(model: LlamaCppModel, ids: list, max_new_tokens: int) -> None:
+def check_request(model: LlamaCppModel, ids: list, max_new_tokens: int) -> None:
+    """ValueError unless `ids` and `max_new_tokens` fit `model` (before any forward)."""
     if not ids:
         raise ValueError("the prompt must hold at least one token")
     if (
@@ -96,7 +97,7 @@ def plain_generate(
     """llama.cpp's decoding of `ids` in sequence 0, greedy unless `cfg` samples (with
     `seed`): one token per `llama_decode`, logits for that token only. Returns the new
     tokens (through an end-of-generation one); `times` gets `prefill_s` and `total_s`."""
-    _check_request(model, ids, max_new_tokens)
+    check_request(model, ids, max_new_tokens)
     verdict = Verifier(cfg or SamplingConfig(), seed)
     t0 = time.perf_counter()
     model.reset()
@@ -170,6 +171,11 @@ class LlamaCppGenerator:
         self.namespace = namespace or self.model.path.name
         self._n = 0
 
+    @property
+    def cost_model(self):
+        """The start-up cost curve the cost-aware sizer corrects (None for another sizer)."""
+        return self.sizer.cost_model if isinstance(self.sizer, CostAwareSizer) else None
+
     def encode(self, prompt, chat: bool = False) -> list:
         """Prompt ids (`LlamaCppModel.encode`)."""
         return self.model.encode(prompt, chat)
@@ -204,7 +210,7 @@ class LlamaCppGenerator:
         if stops and not m.has_text:
             raise ValueError(f"{m.path.name} has no tokenizer: stop strings need one")
         ids = m.encode(prompt, chat)
-        _check_request(m, ids, max_new_tokens)
+        check_request(m, ids, max_new_tokens)
         text = TextTracker(_Text(m), stops, ids) if m.has_text else None
         verdict = Verifier(cfg, seed)
         st = GenerationStats(prompt_tokens=len(ids))
