@@ -15,6 +15,29 @@ from lookahead.hf.tree_inputs import Tree
 UNIFORM_CHUNK = 256
 
 
+class Uniforms:
+    """The seeded stream of uniforms exact sampling draws from: uniform `i` serves output
+    position `i` (a walk visits one node per depth), drawn `UNIFORM_CHUNK` at a time so the
+    stream is a function of the seed alone; `seed` None draws a fresh seed for this stream
+    only, not torch's global one."""
+
+    def __init__(self, seed: int | None):
+        self.gen = torch.Generator(device="cpu")
+        if seed is None:
+            self.gen.seed()
+        else:
+            self.gen.manual_seed(seed)
+        self._drawn = torch.empty(0)
+
+    def at(self, positions: torch.Tensor) -> torch.Tensor:
+        """The uniforms of these output positions."""
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        while self._drawn.numel() < need:
+            more = torch.rand(UNIFORM_CHUNK, generator=self.gen)
+            self._drawn = torch.cat([self._drawn, more])
+        return self._drawn[positions]
+
+
 @dataclass
 class Verdict:
     """One verified step: the accepted path (node indices from the root), the tokens it
@@ -44,16 +67,7 @@ class Acceptance:
             self.seen = torch.zeros(rows, dtype=torch.bool, device=device)
             self.seen[torch.tensor(prompt_ids, device=device)] = True
         self.device = device
-        self.gen = None
-        if cfg.do_sample:
-            self.gen = torch.Generator(device="cpu")
-            if seed is None:
-                self.gen.seed()  # a fresh seed for this generator only, not torch's global one
-            else:
-                self.gen.manual_seed(seed)
-        # Uniform i serves output position i (the walk visits one node per depth): fixed-size
-        # draws make the stream a function of the seed alone, so the output is too.
-        self._uniforms = torch.empty(0)
+        self.uniforms = Uniforms(seed) if cfg.do_sample else None
 
     def verify(self, logits: torch.Tensor, tree: Tree, emitted_so_far: int) -> Verdict:
         """The verdict on `tree` from the forward's `logits` [n, V], the output holding
@@ -66,12 +80,9 @@ class Acceptance:
         probs = None
         if cfg.do_sample:
             probs = scores.softmax(dim=-1).cpu()
-            while self._uniforms.numel() < emitted_so_far + n:
-                more = torch.rand(UNIFORM_CHUNK, generator=self.gen)
-                self._uniforms = torch.cat([self._uniforms, more])
             at = emitted_so_far + tree.meta.positions[0, :n].cpu() - tree.seq_len
             res = kernels.verify_sampling(
-                tree.tokens, tree.parents, tree.num_nodes, probs[None], self._uniforms[at][None]
+                tree.tokens, tree.parents, tree.num_nodes, probs[None], self.uniforms.at(at)[None]
             )
         else:
             target = scores.argmax(dim=-1).cpu()

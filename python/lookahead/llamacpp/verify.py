@@ -4,7 +4,8 @@ Greedy walks the tree along the target's argmax (`lookahead.llamacpp.tree.greedy
 Sampling is the HF engine's sampler on the same terms: each row's logits warped as HF
 `generate` warps them (`lookahead.hf.sampling.warp`: temperature, top-k, top-p), then
 `lookahead.kernels.verify_sampling` (one inverse-CDF draw per visited node, the first child
-carrying the draw accepted), with uniform `i` of a seeded stream serving output token `i`;
+carrying the draw accepted), with uniform `i` of the seeded stream `hf.acceptance.Uniforms`
+serving output token `i`;
 so a seed gives the same output whatever the trees were, and plain sampled decoding is the
 root-only case of the same code.
 """
@@ -15,11 +16,9 @@ import numpy as np
 import torch
 
 from lookahead import kernels
+from lookahead.hf.acceptance import Uniforms
 from lookahead.hf.sampling import SamplingConfig, warp
 from lookahead.llamacpp.tree import argmax_rows, greedy_path
-
-# Uniforms drawn at a time (a fixed size: the stream depends on the seed only).
-UNIFORM_CHUNK = 256
 
 
 class Verifier:
@@ -28,14 +27,7 @@ class Verifier:
 
     def __init__(self, cfg: SamplingConfig, seed: int | None = None):
         self.cfg = cfg
-        self._gen = None
-        if cfg.do_sample:
-            self._gen = torch.Generator(device="cpu")
-            if seed is None:
-                self._gen.seed()
-            else:
-                self._gen.manual_seed(int(seed))
-        self._uniforms = torch.empty(0)
+        self.uniforms = Uniforms(None if seed is None else int(seed)) if cfg.do_sample else None
 
     def __call__(self, logits: np.ndarray, tokens, parents, depth, done: int):
         """(path, bonus) for the tree (`tokens`, `parents`, each node's `depth`) from its
@@ -44,16 +36,13 @@ class Verifier:
             return greedy_path(tokens, parents, argmax_rows(logits))
         n = len(tokens)
         probs = warp(torch.from_numpy(logits).float(), self.cfg).softmax(dim=-1)
-        while self._uniforms.numel() < done + n:
-            more = torch.rand(UNIFORM_CHUNK, generator=self._gen)
-            self._uniforms = torch.cat([self._uniforms, more])
         at = done + torch.tensor(depth, dtype=torch.long)
         res = kernels.verify_sampling(
             torch.tensor([[int(x) for x in tokens]], dtype=torch.long),
             torch.tensor([[int(x) for x in parents]], dtype=torch.long),
             torch.tensor([n], dtype=torch.long),
             probs[None],
-            self._uniforms[at][None],
+            self.uniforms.at(at)[None],
         )
         k = int(res.num_accepted[0])
         return res.accepted_nodes[0, : k + 1].tolist(), int(res.bonus[0])
