@@ -78,14 +78,6 @@ def check_request(model: LlamaCppModel, ids: list, max_new_tokens: int) -> None:
         )
 
 
-def _finish(model: LlamaCppModel, out: list, max_new: int) -> tuple[list, str]:
-    """`out` cut after its first end-of-generation token or at `max_new` tokens."""
-    for i, t in enumerate(out[:max_new]):
-        if model.is_eog(t):
-            return out[: i + 1], "eos"
-    return out[:max_new], "length"
-
-
 def plain_generate(
     model: LlamaCppModel,
     ids: list,
@@ -111,7 +103,7 @@ def plain_generate(
         if len(out) >= max_new_tokens or model.is_eog(out[-1]):
             if times is not None:
                 times["total_s"] = time.perf_counter() - t0
-            return _finish(model, out, max_new_tokens)[0]
+            return out  # it ends at its first end-of-generation token or at the limit
         row = model.decode([out[-1]], [pos], [[0]], [True])[0]
         pos += 1
 
@@ -226,6 +218,7 @@ class LlamaCppGenerator:
         n_past = len(ids)  # tokens in the KV cache; out[-1] is the next root, not in it yet
         self._n += 1
         rid = f"llamacpp-{id(self)}-{self._n}"
+        ends = _EndTokens(m)
         self.cache.start_request(rid, ids, namespace=self.namespace)
         try:
             first = verdict(row[None], [ids[-1]], [-1], [0], 0)[1]
@@ -233,7 +226,7 @@ class LlamaCppGenerator:
             while True:
                 start = len(out)
                 out.extend(emitted)
-                cut, reason = find_cut(out, start, _EndTokens(m), set(), text, max_new_tokens)
+                cut, reason = find_cut(out, start, ends, set(), text, max_new_tokens)
                 if cut is not None:
                     del out[cut:]
                 self.cache.extend(rid, out[start:])
