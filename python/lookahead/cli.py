@@ -10,14 +10,9 @@ import warnings
 
 from lookahead import _core
 from lookahead.args import max_threads
+from lookahead.commands import say as _say
 from lookahead.hf.recycling import RECYCLE_MODES
 from lookahead.models import DTYPES
-
-
-def _say(message: str) -> None:
-    """`message` on stderr, if stderr is open (print(file=None) would write it to stdout)."""
-    if sys.stderr is not None:
-        print(message, file=sys.stderr)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

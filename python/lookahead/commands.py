@@ -8,7 +8,8 @@ import sys
 from lookahead.hf.recycling import RECYCLE_MODES
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """`message` on stderr, if stderr is open (print(file=None) would write it to stdout)."""
     if sys.stderr is not None:
         print(message, file=sys.stderr)
 
@@ -53,7 +54,7 @@ def generate(args) -> int:
         except ValueError as e:
             if str(e) != NO_CHAT_TEMPLATE:
                 raise
-            _say("lookahead: the tokenizer has no chat template; using the prompt as is")
+            say("lookahead: the tokenizer has no chat template; using the prompt as is")
             chat = False
 
     def stream(_ids, delta):
@@ -75,7 +76,7 @@ def generate(args) -> int:
     )
     s = res.stats
     print()
-    _say(
+    say(
         f"[{s.new_tokens} tokens in {s.total_s:.2f}s = {s.new_tokens / s.total_s:.1f} tok/s; "
         f"{s.steps} steps, {s.tokens_per_step:.2f} tokens/step, {s.mean_accepted:.2f} accepted "
         f"draft tokens/step; prefill {s.prefill_s:.2f}s, draft {s.draft_s:.3f}s, mask "
