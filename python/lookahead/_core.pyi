@@ -23,6 +23,9 @@ __all__ = [
     "MAX_RECYCLE_K",
     "MAX_RECYCLE_SLOTS",
     "MAX_WEIGHT",
+    "MAX_CORPORA",
+    "MAX_CORPUS_ID_BYTES",
+    "CORPUS_SHARE",
 ]
 
 # The cache's knobs and their defaults (`Config::default()` in the core): the one source the
@@ -36,6 +39,9 @@ MAX_INDEX_THREADS: int
 MAX_RECYCLE_K: int
 MAX_RECYCLE_SLOTS: int
 MAX_WEIGHT: float
+MAX_CORPORA: int  # corpora a cache holds at once
+MAX_CORPUS_ID_BYTES: int
+CORPUS_SHARE: int  # corpora together hold at most capacity_nodes / CORPUS_SHARE nodes
 
 _Rid = int | str | np.integer[Any]
 _U32 = npt.NDArray[np.uint32]
@@ -70,6 +76,7 @@ class Cache:
         recycle_k: int,
         recycle_slots: int,
         recycle_weight: float,
+        corpus_weight: float,
     ) -> Cache: ...
     def config(self) -> dict[str, Any]: ...
     def start_request(self, rid: _Rid, prompt: _Tokens, namespace: str) -> None: ...
@@ -111,7 +118,14 @@ class Cache:
     def finish_request(self, rid: _Rid, keep_prompt: bool | None = None) -> None: ...
     def add_history(self, corpus: list[_Tokens], namespace: str) -> None: ...
     def stats(self) -> dict[str, int]: ...
-    def save(self, path: str | os.PathLike[str]) -> None: ...
+    def save(self, path: str | os.PathLike[str], meta: str | None = None) -> None: ...
+    def saved_meta(self) -> str | None: ...
+    def add_corpus(
+        self, id: str, documents: list[_Tokens], scope: str | None = None
+    ) -> dict[str, Any]: ...
+    def remove_corpus(self, id: str) -> bool: ...
+    def move_corpora_to(self, to: Cache) -> list[str]: ...
+    def corpora(self) -> list[dict[str, Any]]: ...
     @staticmethod
     def load(
         path: str | os.PathLike[str],

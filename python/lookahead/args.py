@@ -1,6 +1,6 @@
 """Arguments checked and converted on the Python side before they reach the core: ints and
 bools (numpy's too, never a bool for an int), arrays from numpy or torch, prediction rows,
-request-id lists."""
+request-id lists; knobs under their old names."""
 
 from __future__ import annotations
 
@@ -85,3 +85,91 @@ def max_threads() -> int:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return min(256, 4 * max(cpus, 1))
+
+
+def core_knobs(
+    max_depth: Any,
+    capacity_nodes: Any,
+    own_weight: Any,
+    history_weight: Any,
+    keep_prompt_as_history: Any,
+    background_indexing: Any,
+    index_threads: Any,
+    history_skip: Any,
+    recycle_k: Any,
+    recycle_slots: Any,
+    recycle_weight: Any,
+    corpus_weight: Any,
+) -> tuple:
+    """`LookaheadCache`'s knobs checked for type (the core checks their ranges) and
+    converted, in the order `_core.Cache` takes them."""
+    for name, v in (
+        ("max_depth", max_depth),
+        ("capacity_nodes", capacity_nodes),
+        ("index_threads", index_threads),
+        ("recycle_k", recycle_k),
+        ("recycle_slots", recycle_slots),
+    ):
+        if not is_int(v) or not 0 <= v < 2**63:
+            raise InvalidInput(f"{name} must be a non-negative int below 2**63, got {v!r}")
+    for name, flag in (
+        ("keep_prompt_as_history", keep_prompt_as_history),
+        ("background_indexing", background_indexing),
+    ):
+        if not is_bool(flag):
+            raise InvalidInput(f"{name} must be a bool, got {flag!r}")
+    for name, w in (
+        ("own_weight", own_weight),
+        ("history_weight", history_weight),
+        ("recycle_weight", recycle_weight),
+        ("corpus_weight", corpus_weight),
+    ):
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+            raise InvalidInput(f"{name} must be a number, got {w!r}")
+    if history_skip is not None:
+        if (
+            isinstance(history_skip, (str, bytes))
+            or not isinstance(history_skip, Iterable)
+            or len(history_skip := tuple(history_skip)) != 2
+            or not all(is_int(x) and 0 <= x < 2**63 for x in history_skip)
+        ):
+            raise InvalidInput(
+                f"history_skip must be None or a pair of ints (lo, hi), got {history_skip!r}"
+            )
+        history_skip = (int(history_skip[0]), int(history_skip[1]))
+    return (
+        int(max_depth),
+        int(capacity_nodes),
+        float(own_weight),
+        float(history_weight),
+        bool(keep_prompt_as_history),
+        bool(background_indexing),
+        int(index_threads),
+        history_skip,
+        int(recycle_k),
+        int(recycle_slots),
+        float(recycle_weight),
+        float(corpus_weight),
+    )
+
+
+# Knobs renamed because the old name was untrue: refused, naming the new one, for a release.
+RENAMED = {
+    "prompt_weight": "own_weight",  # it weighs the request's own outputs too, not only the prompt
+    "output_weight": "history_weight",  # it weighs the shared history, kept prompts included
+}
+
+
+def renamed_note(name: str) -> str:
+    """What to say of a knob given under its old name (`RENAMED`)."""
+    return f"{name} is now {RENAMED[name]} (same meaning and default)"
+
+
+def refuse_renamed(given: dict, where: str) -> None:
+    """Refuse knobs given under an old name (`RENAMED`), or unknown ones, naming the fix."""
+    if not given:
+        return
+    name = next(iter(given))  # the first, as Python itself reports one unexpected argument
+    if name in RENAMED:
+        raise InvalidInput(f"{where}: {renamed_note(name)}")
+    raise TypeError(f"{where}.__init__() got an unexpected keyword argument {name!r}")

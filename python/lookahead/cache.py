@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from lookahead import _core
-from lookahead.args import is_bool, is_int, predictions, rid_list
+from lookahead.args import core_knobs, is_bool, is_int, predictions, refuse_renamed, rid_list
 from lookahead.errors import InvalidInput
 
 __all__ = ["BatchDraft", "Draft", "LookaheadCache", "RequestId", "TokenIds"]
@@ -52,28 +52,6 @@ class BatchDraft(NamedTuple):
 
 # The knobs' defaults, from the core (one source for the wrapper, CLI, SGLang config, docs).
 _DEFAULTS = _core.DEFAULTS
-# Knobs renamed because the old name was untrue: refused, naming the new one, for a release.
-RENAMED = {
-    "prompt_weight": "own_weight",  # it weighs the request's own outputs too, not only the prompt
-    "output_weight": "history_weight",  # it weighs the shared history, kept prompts included
-}
-
-
-def renamed_note(name: str) -> str:
-    """What to say of a knob given under its old name (`RENAMED`)."""
-    return f"{name} is now {RENAMED[name]} (same meaning and default)"
-
-
-def refuse_renamed(given: dict, where: str) -> None:
-    """Refuse knobs given under an old name (`RENAMED`), or unknown ones, naming the fix."""
-    if not given:
-        return
-    name = next(iter(given))  # the first, as Python itself reports one unexpected argument
-    if name in RENAMED:
-        raise InvalidInput(f"{where}: {renamed_note(name)}")
-    raise TypeError(f"{where}.__init__() got an unexpected keyword argument {name!r}")
-
-
 # Half the cores, at most 8: a serving process has other work for the rest (prompt indexing,
 # its scheduler); on a 2-core machine a second draft thread costs more than it saves
 # (`python -m benchmarks.serving_host`, BENCHMARKS.md, "SGLang serving"). Read once: os.cpu_count() costs ~10 µs.
@@ -119,6 +97,10 @@ class LookaheadCache:
             rows: a loaded cache recycles as the saved one did, from an empty table).
         recycle_weight: scale of a recycled prediction's probability in draft scores (above 0,
             at most 1e6).
+        corpus_weight: weight of a corpus's draft (`add_corpus`) against the request's own
+            draft (from its own text and history together) where both answer (above 0, at
+            most 1e6): a path's score is the weighted mean of its scores in each (0 where
+            one lacks it), and the best `budget` paths are kept.
 
     All methods are thread-safe and release the GIL while the Rust core works.
     """
@@ -136,6 +118,7 @@ class LookaheadCache:
         recycle_k: int = _DEFAULTS["recycle_k"],
         recycle_slots: int = _DEFAULTS["recycle_slots"],
         recycle_weight: float = _DEFAULTS["recycle_weight"],
+        corpus_weight: float = _DEFAULTS["corpus_weight"],
         *,
         _core_cache: _core.Cache | None = None,
         **renamed: Any,
@@ -144,51 +127,21 @@ class LookaheadCache:
         if _core_cache is not None:
             self._c = _core_cache
             return
-        for name, v in (
-            ("max_depth", max_depth),
-            ("capacity_nodes", capacity_nodes),
-            ("index_threads", index_threads),
-            ("recycle_k", recycle_k),
-            ("recycle_slots", recycle_slots),
-        ):
-            if not is_int(v) or not 0 <= v < 2**63:
-                raise InvalidInput(f"{name} must be a non-negative int below 2**63, got {v!r}")
-        for name, flag in (
-            ("keep_prompt_as_history", keep_prompt_as_history),
-            ("background_indexing", background_indexing),
-        ):
-            if not is_bool(flag):
-                raise InvalidInput(f"{name} must be a bool, got {flag!r}")
-        for name, w in (
-            ("own_weight", own_weight),
-            ("history_weight", history_weight),
-            ("recycle_weight", recycle_weight),
-        ):
-            if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
-                raise InvalidInput(f"{name} must be a number, got {w!r}")
-        if history_skip is not None:
-            if (
-                isinstance(history_skip, (str, bytes))
-                or not isinstance(history_skip, Iterable)
-                or len(history_skip := tuple(history_skip)) != 2
-                or not all(is_int(x) and 0 <= x < 2**63 for x in history_skip)
-            ):
-                raise InvalidInput(
-                    f"history_skip must be None or a pair of ints (lo, hi), got {history_skip!r}"
-                )
-            history_skip = (int(history_skip[0]), int(history_skip[1]))
         self._c = _core.Cache(
-            int(max_depth),
-            int(capacity_nodes),
-            float(own_weight),
-            float(history_weight),
-            bool(keep_prompt_as_history),
-            bool(background_indexing),
-            int(index_threads),
-            history_skip,
-            int(recycle_k),
-            int(recycle_slots),
-            float(recycle_weight),
+            *core_knobs(
+                max_depth,
+                capacity_nodes,
+                own_weight,
+                history_weight,
+                keep_prompt_as_history,
+                background_indexing,
+                index_threads,
+                history_skip,
+                recycle_k,
+                recycle_slots,
+                recycle_weight,
+                corpus_weight,
+            )
         )
 
     @property
@@ -346,23 +299,63 @@ class LookaheadCache:
         self._c.add_history(list(corpus), namespace)
 
     def stats(self) -> dict[str, int]:
-        """nodes, history_nodes, own_nodes, capacity_nodes, bytes, live_requests,
-        pending_prompts, namespaces, hits, misses, evicted_nodes, truncated_prompts.
+        """nodes, history_nodes, own_nodes, corpus_nodes, capacity_nodes, bytes,
+        live_requests, pending_prompts, namespaces, corpora, hits, misses, evicted_nodes,
+        truncated_prompts, recycled_keys.
 
         `own_nodes` counts the live requests' own tries: their prompts' n-grams and those
         of their outputs so far."""
         return dict(self._c.stats())
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the shared histories and the configuration to `path` (not live prompts,
-        nor recycled predictions, though their settings are kept): checksummed, atomic
-        (temporary file, fsync, rename, folder fsync); a symbolic link is written through.
+    def add_corpus(
+        self, corpus_id: str, documents: list[TokenIds], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Builds corpus `corpus_id` from `documents` (token lists; no n-gram spans two) and
+        publishes it whole: drafts of `namespace` (None: of every namespace) read it from then
+        on, mixed in at `corpus_weight`. Never evicted; corpora together hold at most half of
+        `capacity_nodes` (evicting shared history for room, never prompts): past that a
+        corpus is cut and says so. One build at a time; Ctrl-C stops it, publishing nothing.
+        Returns `{"id", "scope", "tokens", "nodes", "bytes", "cut"}`."""
+        if not isinstance(corpus_id, str):
+            raise InvalidInput(f"corpus_id must be a str, got {type(corpus_id).__name__}")
+        if isinstance(documents, (str, bytes, np.ndarray)) or not isinstance(documents, Iterable):
+            raise InvalidInput("documents must be a list of token lists")
+        return dict(self._c.add_corpus(corpus_id, list(documents), namespace))
+
+    def remove_corpus(self, corpus_id: str) -> bool:
+        """Removes corpus `corpus_id` whole; returns whether it was loaded."""
+        if not isinstance(corpus_id, str):
+            raise InvalidInput(f"corpus_id must be a str, got {type(corpus_id).__name__}")
+        return self._c.remove_corpus(corpus_id)
+
+    def move_corpora_to(self, other: LookaheadCache) -> list[str]:
+        """Moves every corpus into `other` (a cache of the same settings replacing this one)
+        where its capacity allows; returns the ids moved."""
+        return self._c.move_corpora_to(other._c)
+
+    def corpora(self) -> list[dict[str, Any]]:
+        """The loaded corpora, oldest first, as `add_corpus` describes them."""
+        return [dict(c) for c in self._c.corpora()]
+
+    def save(self, path: str | os.PathLike[str], meta: str | None = None) -> None:
+        """Writes the shared histories, the corpora and the configuration to `path` (not
+        live prompts, nor recycled predictions, though their settings are kept):
+        checksummed, atomic (temporary file, fsync, rename, folder fsync); a symbolic link is
+        written through. `meta`: the caller's own text (at most 1 MiB; the SGLang plugin
+        keeps its tokenizer's fingerprint there), back as `saved_meta` after `load`.
 
         Drafts go on while a namespace's history is walked (~0.5 s for 2.8M nodes, 2 cores);
         a step leaves its tokens for the history to a later step (at most 4,096 per request,
         then it waits), `add_history` of that namespace waits, and `finish_request` hands its
         history work to the indexing threads (or waits, without background indexing)."""
-        self._c.save(os.fspath(path))
+        if meta is not None and not isinstance(meta, str):
+            raise InvalidInput(f"meta must be a str or None, got {type(meta).__name__}")
+        self._c.save(os.fspath(path), meta)
+
+    @property
+    def saved_meta(self) -> str | None:
+        """The `meta` the loaded file was saved with (None: not loaded, or none given)."""
+        return self._c.saved_meta()
 
     @classmethod
     def load(

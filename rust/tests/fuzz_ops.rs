@@ -78,7 +78,23 @@ fn worker(c: &Cache, seed: u64, deadline: Instant, capacity: u64) -> u64 {
                     }
                 }),
             6 => c.finish_request(&rid, Some(rng.below(2) == 0)),
-            7 => c.add_history(&[rng.tokens(300, 8)], ns[rng.below(3) as usize]),
+            7 if rng.below(2) == 0 => {
+                c.add_history(&[rng.tokens(300, 8)], ns[rng.below(3) as usize])
+            }
+            7 => {
+                let id = format!("c{}", rng.below(3));
+                if rng.below(3) == 0 {
+                    c.remove_corpus(&id);
+                    Ok(())
+                } else {
+                    let scope = [None, Some("a")][rng.below(2) as usize];
+                    c.begin_corpus(&id, scope).and_then(|mut b| {
+                        let doc = rng.tokens(300, 8);
+                        b.add_part(&doc, 0..doc.len())?;
+                        c.commit_corpus(b).map(|_| ())
+                    })
+                }
+            }
             _ => {
                 let rids: Vec<RequestId> = (0..rng.below(5))
                     .map(|i| RequestId::Int(i as i64))
@@ -130,6 +146,7 @@ fn fuzz_random_operations_from_threads() {
             recycle_k: [0, 1, 4][rng.below(3) as usize],
             recycle_slots: [1, 16, 1000][rng.below(3) as usize],
             recycle_weight: [0.5, 1.0][rng.below(2) as usize],
+            corpus_weight: [0.5, 2.0][rng.below(2) as usize],
         };
         let c = Arc::new(Cache::new(cfg).unwrap());
         let round_end = (Instant::now() + Duration::from_millis(300)).min(deadline);

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lookahead import _core
-from lookahead.cache import RENAMED, renamed_note
+from lookahead.args import RENAMED, renamed_note
 from lookahead.errors import LookaheadConfigError
 from lookahead.user_input import UserInputError, loads_json, quote
 

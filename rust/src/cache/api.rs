@@ -3,10 +3,10 @@
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::draft::{DraftTree, RecycleView, Sources};
+use crate::draft::{mix, DraftTree, RecycleView, Sources};
 use crate::error::{Error, Result};
 use crate::evict::Budget;
 use crate::pool::Pool;
@@ -23,13 +23,15 @@ pub struct Cache {
     pub(super) shared: Arc<Shared>,
     pub(super) requests: RwLock<FxHashMap<RequestId, Arc<Request>>>,
     pub(super) pool: Option<Pool>,
+    /// The `meta` text of the file this cache was loaded from (`persist::load`).
+    pub(super) saved_meta: Option<String>,
 }
 
 /// Counters and sizes reported by `Cache::stats`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
     /// Nodes stored or reserved by operations in progress: always <= `capacity_nodes`, and
-    /// `history_nodes + own_nodes` when the cache is idle.
+    /// `history_nodes + own_nodes + corpus_nodes` when the cache is idle.
     pub nodes: u64,
     pub history_nodes: u64,
     /// Nodes of the live requests' own tries (their prompts, then their outputs).
@@ -45,6 +47,9 @@ pub struct Stats {
     pub truncated_prompts: u64,
     /// Keys in the recycled-prediction table (at most `recycle_slots`).
     pub recycled_keys: u64,
+    /// Corpora loaded, and their nodes (not in `history_nodes` nor `own_nodes`).
+    pub corpora: u64,
+    pub corpus_nodes: u64,
 }
 
 impl Drop for Cache {
@@ -89,12 +94,16 @@ impl Cache {
             op_seq: AtomicU64::new(0),
             ns_seq: AtomicU64::new(0),
             recycled,
+            corpora: RwLock::new(Vec::new()),
+            corpus_count: AtomicUsize::new(0),
+            building_corpus: AtomicBool::new(false),
         });
         drop(shared.use_namespace("default"));
         Ok(Cache {
             shared,
             requests: RwLock::new(FxHashMap::default()),
             pool,
+            saved_meta: None,
         })
     }
 
@@ -420,10 +429,28 @@ impl Cache {
                     weight: cfg.recycle_weight,
                 }),
         };
-        let tree = src.draft(&tail, budget, multi_branch);
+        let mut tree = src.draft(&tail, budget, multi_branch);
         drop(recycled);
         drop(h);
         drop(p);
+        let corpora = self.corpora_serving(&req.ns.name);
+        if !corpora.is_empty() {
+            let mut drafts = vec![(tree, 1.0)];
+            for c in &corpora {
+                let src = Sources {
+                    own: None,
+                    history: Some(&c.trie),
+                    own_weight: 0.0,
+                    history_weight: 1.0,
+                    max_depth: cfg.max_depth,
+                    history_skip: None,
+                    suffixes: [&[], &[]],
+                    recycled: None,
+                };
+                drafts.push((src.draft(&tail, budget, multi_branch), cfg.corpus_weight));
+            }
+            tree = mix(&drafts, budget, multi_branch);
+        }
         COPY.set([tail, own_nodes, hist_nodes]);
         let counter = if tree.num_nodes() > 1 {
             &self.shared.hits

@@ -62,6 +62,9 @@ pub struct Config {
     pub recycle_slots: usize,
     /// A recycled token's score is `recycle_weight * p` (see `draft::RecycleView`).
     pub recycle_weight: f64,
+    /// Weight of a corpus's draft against the request's own draft (from its own text and its
+    /// namespace's history, taken together) where both answer (see `draft::mix`).
+    pub corpus_weight: f64,
 }
 
 /// Default `recycle_slots`: 2**18 keys (about 36 MB at `recycle_k = 8`, once full).
@@ -84,6 +87,7 @@ impl Default for Config {
             recycle_k: 0,
             recycle_slots: DEFAULT_RECYCLE_SLOTS,
             recycle_weight: 0.5,
+            corpus_weight: 1.0,
         }
     }
 }
@@ -142,6 +146,12 @@ impl Config {
                 "recycle_weight must be in (0, {MAX_WEIGHT:e}] (recycle_k = 0 turns recycling \
                  off), got {}",
                 self.recycle_weight
+            ));
+        }
+        if !(self.corpus_weight > 0.0 && self.corpus_weight <= MAX_WEIGHT) {
+            return bad(format!(
+                "corpus_weight must be in (0, {MAX_WEIGHT:e}], got {}",
+                self.corpus_weight
             ));
         }
         if let Some((lo, hi)) = self.history_skip {

@@ -30,6 +30,11 @@ impl Cache {
             s.bytes += ns.bytes(&h);
             s.namespaces += 1;
         }
+        for c in read(&self.shared.corpora).iter() {
+            s.corpora += 1;
+            s.corpus_nodes += c.trie.nodes();
+            s.bytes += c.trie.bytes() as u64;
+        }
         for req in read(&self.requests).values() {
             s.live_requests += 1;
             if let Some(p) = req.prompt.peek() {
@@ -71,6 +76,12 @@ impl Cache {
                 )));
             }
             nodes += h.nodes();
+        }
+        for c in read(&self.shared.corpora).iter() {
+            c.trie
+                .check()
+                .map_err(|e| Error::Invariant(format!("corpus {:?}: {e}", c.id)))?;
+            nodes += c.trie.nodes();
         }
         for (rid, req) in read(&self.requests).iter() {
             if let Some(p) = req.prompt.peek() {
@@ -164,6 +175,16 @@ impl Cache {
 
     pub(crate) fn budget(&self) -> &Budget {
         &self.shared.budget
+    }
+
+    /// The `meta` text of the save file this cache was loaded from (None: not loaded, or
+    /// saved without one).
+    pub fn saved_meta(&self) -> Option<&str> {
+        self.saved_meta.as_deref()
+    }
+
+    pub(crate) fn set_saved_meta(&mut self, meta: Option<String>) {
+        self.saved_meta = meta;
     }
 }
 

@@ -4,6 +4,7 @@
 //! - `locks`: the lock helpers, and the order locks are taken in
 //! - `namespace`: one tenant's shared history, and a use of it
 //! - `request`: a live request: its own trie (built from its prompt), its cursors
+//! - `corpus`: operator-given corpora, built aside, published whole, removed by id
 //! - `shared`: the state background jobs share, and eviction across namespaces
 //! - `indexing`: counting n-grams into a trie; prompt builds
 //! - `api`: `Cache`, the operations a serving loop calls
@@ -18,6 +19,9 @@
 
 mod api;
 mod config;
+mod corpus;
+#[cfg(test)]
+mod corpus_tests;
 mod indexing;
 mod inspect;
 mod locks;
@@ -29,6 +33,9 @@ mod tests;
 
 pub use api::{Cache, Stats};
 pub use config::*;
+#[cfg(test)]
+use corpus::building;
+pub use corpus::{Corpus, CorpusBuild, CorpusInfo, CORPUS_SHARE, MAX_CORPORA, MAX_CORPUS_ID_BYTES};
 pub use inspect::CompactionStall;
 pub use locks::panic_message;
 pub use namespace::Namespace;

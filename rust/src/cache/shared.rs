@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::evict::Budget;
@@ -13,6 +13,7 @@ use crate::recycle::Recycled;
 use std::sync::mpsc::Sender;
 
 use super::config::{Config, CHUNK_TOKENS, NAMESPACE_SHARE, SWEEP_VISITS};
+use super::corpus::Corpus;
 use super::indexing::Target;
 use super::locks::{lock, read, write};
 use super::namespace::{Namespace, NsUse};
@@ -64,6 +65,12 @@ pub(super) struct Shared {
     /// The target's recycled predictions, all namespaces' (keyed by namespace id). Its lock
     /// is taken last (a draft reads it under its trie read locks) and writers hold it alone.
     pub(super) recycled: RwLock<Recycled>,
+    /// The published corpora (`corpus`), in the order they were added, and how many (read
+    /// without the lock by drafts, which skip corpora entirely while there are none).
+    pub(super) corpora: RwLock<Vec<Arc<Corpus>>>,
+    pub(super) corpus_count: AtomicUsize,
+    /// A `CorpusBuild` exists (one at a time).
+    pub(super) building_corpus: AtomicBool,
 }
 
 /// Marks an operation as running (for the exact checks of `check_invariants`).

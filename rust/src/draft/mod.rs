@@ -2,6 +2,7 @@
 //!
 //! - `matching`: the state of the context's longest suffix the tries continue
 //! - `scoring`: a state's candidate continuations and their scores
+//! - `mix`: several sources' drafts (a request's and its corpora's) mixed into one
 //! - `grow`: the chain and the best-first tree, backoff at the root, recycled predictions
 //!
 //! This file holds what they share: the state, the sources a draft reads, and the tree.
@@ -37,9 +38,12 @@
 
 mod grow;
 mod matching;
+mod mix;
 mod scoring;
 #[cfg(test)]
 mod tests;
+
+pub use mix::mix;
 
 use crate::arena::NONE;
 use crate::recycle::Recycled;

@@ -214,3 +214,80 @@ fn longest_suffix_wins_then_falls_back() {
     // "8 2 3" is unknown, so "2 3" is used: 4 and 9 tie, smaller token first.
     assert_eq!(s.draft(&[8, 2, 3], 1, false).tokens, vec![3, 4]);
 }
+
+fn tree(tokens: &[u32], parents: &[i32], scores: &[f32]) -> DraftTree {
+    DraftTree {
+        tokens: tokens.to_vec(),
+        parents: parents.to_vec(),
+        scores: scores.to_vec(),
+    }
+}
+
+#[test]
+fn mix_keeps_a_lone_answering_draft_as_it_is() {
+    let a = tree(&[7, 1, 2], &[-1, 0, 1], &[1.0, 0.5, 0.25]);
+    let empty = tree(&[7], &[-1], &[1.0]);
+    assert_eq!(
+        super::mix(&[(a.clone(), 1.0), (empty.clone(), 3.0)], 8, true),
+        a
+    );
+    assert_eq!(
+        super::mix(&[(empty.clone(), 1.0), (a.clone(), 3.0)], 8, true),
+        a
+    );
+    assert_eq!(super::mix(&[(empty.clone(), 1.0)], 8, true), empty);
+}
+
+#[test]
+fn mix_scores_paths_by_weighted_mean_and_keeps_parents() {
+    // a: 1 (0.8) -> 2 (0.4); b: 1 (0.4) -> 3 (0.4), 5 (0.2).
+    let a = tree(&[7, 1, 2], &[-1, 0, 1], &[1.0, 0.8, 0.4]);
+    let b = tree(&[7, 1, 3, 5], &[-1, 0, 1, 0], &[1.0, 0.4, 0.4, 0.2]);
+    let m = super::mix(&[(a, 1.0), (b, 3.0)], 8, true);
+    let score = |path: &[u32]| {
+        (1..m.num_nodes()).find_map(|i| {
+            let mut p = vec![m.tokens[i]];
+            let mut j = m.parents[i];
+            while j > 0 {
+                p.insert(0, m.tokens[j as usize]);
+                j = m.parents[j as usize];
+            }
+            (p == path).then_some(m.scores[i])
+        })
+    };
+    let close = |x: Option<f32>, y: f64| (f64::from(x.unwrap()) - y).abs() < 1e-6;
+    assert!(close(score(&[1]), (0.8 + 3.0 * 0.4) / 4.0));
+    assert!(close(score(&[1, 2]), 0.4 / 4.0));
+    assert!(close(score(&[1, 3]), 3.0 * 0.4 / 4.0));
+    assert!(close(score(&[5]), 3.0 * 0.2 / 4.0));
+    assert_eq!(m.num_nodes(), 5);
+    // Cut to 2 nodes: the best two, a parent before its child.
+    let m2 = super::mix(
+        &[
+            (tree(&[7, 1, 2], &[-1, 0, 1], &[1.0, 0.8, 0.4]), 1.0),
+            (
+                tree(&[7, 1, 3, 5], &[-1, 0, 1, 0], &[1.0, 0.4, 0.4, 0.2]),
+                3.0,
+            ),
+        ],
+        2,
+        true,
+    );
+    assert_eq!(
+        (m2.tokens.clone(), m2.parents.clone()),
+        (vec![7, 1, 3], vec![-1, 0, 1])
+    );
+    // One branch: the chain of best children.
+    let c = super::mix(
+        &[
+            (tree(&[7, 1, 2], &[-1, 0, 1], &[1.0, 0.8, 0.4]), 1.0),
+            (
+                tree(&[7, 1, 3, 5], &[-1, 0, 1, 2], &[1.0, 0.4, 0.4, 0.2]),
+                3.0,
+            ),
+        ],
+        8,
+        false,
+    );
+    assert_eq!((c.tokens, c.parents), (vec![7, 1, 3, 5], vec![-1, 0, 1, 2]));
+}

@@ -1,15 +1,22 @@
 //! save / load of the shared histories (a warm start). Prompts of live requests are not saved.
 //!
-//! Format, little-endian, version 4:
+//! Format, little-endian, version 5:
 //! ```text
 //! magic  b"LKAHSAV3"  | version u32 | max_depth u32 | capacity_nodes u64
 //! own_weight f64   | history_weight f64 | keep_prompt_as_history u8 | background_indexing u8
 //! history_skip lo u32 | hi u32 (0, 0: none)
 //! recycle_k u32 | recycle_slots u64 | recycle_weight f64
+//! corpus_weight f64 | meta: has u8, then len u32 | meta (UTF-8)
 //! namespaces u32, then per namespace:
-//!   name_len u32 | name (UTF-8) | nodes u64 | nodes x (parent u32, token u32, count u32)
+//!   name_len u32 | name (UTF-8) | trie
+//! corpora u32, then per corpus:
+//!   id_len u32 | id (UTF-8) | has_scope u8, then len u32 | scope | tokens u64 | cut u8 | trie
 //! b"END!" | file_len u64 (of the whole file) | checksum u64
+//! trie: nodes u64 | nodes x (parent u32, token u32, count u32)
 //! ```
+//! `meta` is the saver's own text (the SGLang plugin keeps the tokenizer's fingerprint
+//! there), handed back by `load`. Version 4 (no corpus_weight, meta or corpora) loads with
+//! the default corpus weight, no meta and no corpora.
 //! The checksum is FNV-1a 64 over every byte before it. Each step of FNV-1a is a bijection
 //! of the state, so any change confined to one byte always changes it; other damage goes
 //! unnoticed with probability about 2^-64 (it guards against corruption, not an attacker).
@@ -41,7 +48,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::arena::NONE;
-use crate::cache::{Cache, Config, MAX_INDEX_THREADS, MAX_NAMESPACE_BYTES};
+use crate::cache::{
+    Cache, Config, Corpus, MAX_CORPORA, MAX_CORPUS_ID_BYTES, MAX_INDEX_THREADS, MAX_NAMESPACE_BYTES,
+};
 use crate::error::{Error, Result};
 use crate::trie::{Trie, ROOT};
 
@@ -50,7 +59,11 @@ const MAGIC: &[u8; 8] = b"LKAHSAV3";
 /// Magic of versions 1 and 2.
 const LEGACY_MAGIC: &[u8; 8] = b"LKAHTRIE";
 const END: &[u8; 4] = b"END!";
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
+/// The first version with corpora, `corpus_weight` and meta.
+const WITH_CORPORA: u32 = 5;
+/// Longest `meta` text, in bytes.
+pub const MAX_META_BYTES: usize = 1 << 20;
 /// The first version with a checksum (and `MAGIC`).
 const CHECKSUMMED: u32 = 3;
 /// Nodes a file's count may reserve room for before they are read (a hostile count must not
@@ -193,7 +206,13 @@ fn remove_stale_temps(path: &Path) {
 /// Writes the configuration and every namespace's history to `path`, through a temporary
 /// file renamed over it once complete and on disk (a reader never sees a partial file, a
 /// crash leaves the old file or the new one).
-pub fn save(cache: &Cache, path: &Path) -> Result<()> {
+pub fn save(cache: &Cache, path: &Path, meta: Option<&str>) -> Result<()> {
+    if let Some(m) = meta.filter(|m| m.len() > MAX_META_BYTES) {
+        return Err(Error::InvalidInput(format!(
+            "meta is at most {MAX_META_BYTES} bytes, got {}",
+            m.len()
+        )));
+    }
     let path = resolve(path)?;
     // A rename replaces whatever the path names: a FIFO, a device (as root, /dev/null), a
     // socket. Saves replace regular files only.
@@ -208,7 +227,7 @@ pub fn save(cache: &Cache, path: &Path) -> Result<()> {
     }
     remove_stale_temps(&path);
     let tmp = temp_beside(&path)?;
-    let written = write_to(cache, &tmp)
+    let written = write_to(cache, &tmp, meta)
         .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| Error::io("replace", &path, &e)));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -225,7 +244,7 @@ pub fn save(cache: &Cache, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn write_to(cache: &Cache, tmp: &Path) -> Result<()> {
+fn write_to(cache: &Cache, tmp: &Path, meta: Option<&str>) -> Result<()> {
     let err = |e: std::io::Error| Error::io("write", tmp, &e);
     let file = File::create(tmp).map_err(err)?;
     let mut w = Summing {
@@ -233,7 +252,7 @@ fn write_to(cache: &Cache, tmp: &Path) -> Result<()> {
         hash: FNV_OFFSET,
         len: 0,
     };
-    write_body(cache, &mut w).map_err(err)?;
+    write_body(cache, &mut w, meta).map_err(err)?;
     let len = w.len + 16;
     w.write_all(&len.to_le_bytes()).map_err(err)?;
     let hash = w.hash;
@@ -242,7 +261,7 @@ fn write_to(cache: &Cache, tmp: &Path) -> Result<()> {
     file.sync_all().map_err(err)
 }
 
-fn write_body(cache: &Cache, w: &mut impl Write) -> std::io::Result<()> {
+fn write_body(cache: &Cache, w: &mut impl Write, meta: Option<&str>) -> std::io::Result<()> {
     let c = cache.config();
     w.write_all(MAGIC)?;
     w.write_all(&VERSION.to_le_bytes())?;
@@ -260,6 +279,8 @@ fn write_body(cache: &Cache, w: &mut impl Write) -> std::io::Result<()> {
     w.write_all(&(c.recycle_k as u32).to_le_bytes())?;
     w.write_all(&(c.recycle_slots as u64).to_le_bytes())?;
     w.write_all(&c.recycle_weight.to_le_bytes())?;
+    w.write_all(&c.corpus_weight.to_le_bytes())?;
+    write_text(w, meta)?;
     let all = cache.namespaces();
     w.write_all(&(all.len() as u32).to_le_bytes())?;
     for ns in all {
@@ -269,23 +290,51 @@ fn write_body(cache: &Cache, w: &mut impl Write) -> std::io::Result<()> {
         let h = ns.history.read().unwrap_or_else(|e| e.into_inner());
         w.write_all(&(ns.name.len() as u32).to_le_bytes())?;
         w.write_all(ns.name.as_bytes())?;
-        w.write_all(&h.nodes().to_le_bytes())?;
-        // Breadth-first; `queue[i]` is the arena index of file node i (0: root).
-        let mut queue = vec![ROOT];
-        let mut i = 0;
-        while i < queue.len() {
-            let n = queue[i];
-            for (tok, c) in h.children(n) {
-                w.write_all(&(i as u32).to_le_bytes())?;
-                w.write_all(&tok.to_le_bytes())?;
-                w.write_all(&h.node(c).count.to_le_bytes())?;
-                queue.push(c);
-            }
-            i += 1;
-        }
+        write_trie(w, &h)?;
+    }
+    let corpora = cache.corpora_arcs();
+    w.write_all(&(corpora.len() as u32).to_le_bytes())?;
+    for c in corpora {
+        w.write_all(&(c.id.len() as u32).to_le_bytes())?;
+        w.write_all(c.id.as_bytes())?;
+        write_text(w, c.scope.as_deref())?;
+        w.write_all(&c.tokens.to_le_bytes())?;
+        w.write_all(&[u8::from(c.cut)])?;
+        write_trie(w, &c.trie)?;
     }
     w.write_all(END)?;
     w.flush()
+}
+
+/// An optional text: a flag byte, then its length and bytes.
+fn write_text(w: &mut impl Write, text: Option<&str>) -> std::io::Result<()> {
+    match text {
+        None => w.write_all(&[0]),
+        Some(t) => {
+            w.write_all(&[1])?;
+            w.write_all(&(t.len() as u32).to_le_bytes())?;
+            w.write_all(t.as_bytes())
+        }
+    }
+}
+
+/// A trie's nodes, breadth-first (file node i's children after it; 0: the root).
+fn write_trie(w: &mut impl Write, h: &Trie) -> std::io::Result<()> {
+    w.write_all(&h.nodes().to_le_bytes())?;
+    // `queue[i]` is the arena index of file node i (0: root).
+    let mut queue = vec![ROOT];
+    let mut i = 0;
+    while i < queue.len() {
+        let n = queue[i];
+        for (tok, c) in h.children(n) {
+            w.write_all(&(i as u32).to_le_bytes())?;
+            w.write_all(&tok.to_le_bytes())?;
+            w.write_all(&h.node(c).count.to_le_bytes())?;
+            queue.push(c);
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 /// Reads a save file, checksumming and counting what it reads.
@@ -322,6 +371,16 @@ impl<R: Read> Reader<'_, R> {
     }
     fn f64(&mut self) -> Result<f64> {
         Ok(f64::from_le_bytes(self.bytes()?))
+    }
+    /// A length-prefixed UTF-8 text of at most `max` bytes (`what`, for errors).
+    fn text(&mut self, max: usize, what: &str) -> Result<String> {
+        let len = self.u32()? as usize;
+        if len > max {
+            return Err(self.damaged(&format!("{what} of {len} bytes")));
+        }
+        let mut b = vec![0u8; len];
+        self.fill(&mut b)?;
+        String::from_utf8(b).map_err(|_| self.damaged(&format!("{what} is not UTF-8")))
     }
     /// A format error naming the file.
     fn damaged(&self, why: &str) -> Error {
@@ -456,6 +515,17 @@ fn read_body<R: Read>(
         let d = Config::default();
         (d.recycle_k, d.recycle_slots, d.recycle_weight)
     };
+    let (corpus_weight, meta) = if version >= WITH_CORPORA {
+        let w = r.f64()?;
+        let meta = match r.bytes::<1>()? {
+            [0] => None,
+            [1] => Some(r.text(MAX_META_BYTES, "its meta")?),
+            _ => return Err(r.damaged("a flag byte is neither 0 nor 1")),
+        };
+        (w, meta)
+    } else {
+        (Config::default().corpus_weight, None)
+    };
     let cfg = Config {
         max_depth,
         capacity_nodes,
@@ -468,81 +538,114 @@ fn read_body<R: Read>(
         recycle_k,
         recycle_slots,
         recycle_weight,
+        corpus_weight,
     };
-    let cache = Cache::new(cfg).map_err(|e| match e {
+    let mut cache = Cache::new(cfg).map_err(|e| match e {
         Error::InvalidInput(m) => r.damaged(&format!("it holds a bad configuration: {m}")),
         other => other,
     })?;
     let n_ns = r.u32()?;
     let mut names = HashSet::new();
     for _ in 0..n_ns {
-        let len = r.u32()? as usize;
-        if len > MAX_NAMESPACE_BYTES {
-            return Err(r.damaged(&format!("a namespace name of {len} bytes")));
-        }
-        let mut name = vec![0u8; len];
-        r.fill(&mut name)?;
-        let name =
-            String::from_utf8(name).map_err(|_| r.damaged("a namespace name is not UTF-8"))?;
+        let name = r.text(MAX_NAMESPACE_BYTES, "a namespace name")?;
         if !names.insert(name.clone()) {
             return Err(r.damaged(&format!("namespace {name:?} appears twice")));
         }
-        let n = r.u64()?;
-        let got = cache.budget().reserve_up_to(n);
-        if got < n {
-            cache.budget().release(got);
-            return Err(r.damaged(&format!(
-                "namespace {name:?} holds {n} nodes, more than the capacity left"
-            )));
-        }
-        let mut t = Trie::new();
-        t.allowance = n;
-        // `index[i]`: the arena index of file node i; `depth[i]`: its n-gram's length.
-        let mut index = Vec::with_capacity(n.min(PREALLOC_NODES) as usize + 1);
-        let mut depth: Vec<u8> = Vec::with_capacity(index.capacity());
-        index.push(ROOT);
-        depth.push(0);
-        for _ in 0..n {
-            let node = (|| Ok((r.u32()? as usize, r.u32()?, r.u32()?)))();
-            let bad = match node {
-                Err(e) => Some(e),
-                Ok((parent, token, count)) => match index.get(parent).zip(depth.get(parent)) {
-                    None => Some(r.damaged(&format!(
-                        "node {} names parent {parent}, not yet read",
-                        index.len()
-                    ))),
-                    Some((_, &d)) if usize::from(d) >= max_depth => Some(r.damaged(&format!(
-                        "node {} is deeper than max_depth {max_depth}",
-                        index.len()
-                    ))),
-                    Some((&p, &d)) => {
-                        let before = t.nodes();
-                        let c = t.child_or_insert(p, token);
-                        if c == NONE || t.nodes() == before {
-                            Some(r.damaged(&format!(
-                                "duplicate child {token} under file node {parent}"
-                            )))
-                        } else {
-                            t.bump(c, count);
-                            index.push(c);
-                            depth.push(d + 1);
-                            None
-                        }
-                    }
-                },
-            };
-            if let Some(e) = bad {
-                cache.budget().release(t.nodes() + t.allowance);
-                return Err(e);
-            }
-        }
-        t.compute_links();
+        let t = read_trie(r, &cache, max_depth, &format!("namespace {name:?}"))?;
         cache.install_history(&name, t);
+    }
+    if version >= WITH_CORPORA {
+        let n = r.u32()? as usize;
+        if n > MAX_CORPORA {
+            return Err(r.damaged(&format!("{n} corpora, more than {MAX_CORPORA}")));
+        }
+        let mut ids = HashSet::new();
+        for _ in 0..n {
+            let id = r.text(MAX_CORPUS_ID_BYTES, "a corpus id")?;
+            if id.is_empty() || !ids.insert(id.clone()) {
+                return Err(r.damaged(&format!("corpus id {id:?} is empty or appears twice")));
+            }
+            let scope = match r.bytes::<1>()? {
+                [0] => None,
+                [1] => Some(r.text(MAX_NAMESPACE_BYTES, "a corpus scope")?),
+                _ => return Err(r.damaged("a flag byte is neither 0 nor 1")),
+            };
+            let tokens = r.u64()?;
+            let cut = match r.bytes::<1>()? {
+                [0] => false,
+                [1] => true,
+                _ => return Err(r.damaged("a flag byte is neither 0 nor 1")),
+            };
+            let t = read_trie(r, &cache, max_depth, &format!("corpus {id:?}"))?;
+            cache.install_corpus(std::sync::Arc::new(Corpus::new(id, scope, tokens, cut, t)));
+        }
     }
     if &r.bytes::<4>()? != END {
         return Err(r.damaged("its end marker is missing"));
     }
+    cache.set_saved_meta(meta);
     Ok((cache, version))
+}
+
+/// A trie as `write_trie` wrote it, its nodes reserved from `cache`'s budget (`what`
+/// names it in errors).
+fn read_trie<R: Read>(
+    r: &mut Reader<'_, R>,
+    cache: &Cache,
+    max_depth: usize,
+    what: &str,
+) -> Result<Trie> {
+    let n = r.u64()?;
+    let got = cache.budget().reserve_up_to(n);
+    if got < n {
+        cache.budget().release(got);
+        return Err(r.damaged(&format!(
+            "{what} holds {n} nodes, more than the capacity left"
+        )));
+    }
+    let mut t = Trie::new();
+    t.allowance = n;
+    // `index[i]`: the arena index of file node i; `depth[i]`: its n-gram's length.
+    let mut index = Vec::with_capacity(n.min(PREALLOC_NODES) as usize + 1);
+    let mut depth: Vec<u8> = Vec::with_capacity(index.capacity());
+    index.push(ROOT);
+    depth.push(0);
+    for _ in 0..n {
+        let node = (|| Ok((r.u32()? as usize, r.u32()?, r.u32()?)))();
+        let bad = match node {
+            Err(e) => Some(e),
+            Ok((parent, token, count)) => match index.get(parent).zip(depth.get(parent)) {
+                None => Some(r.damaged(&format!(
+                    "node {} names parent {parent}, not yet read",
+                    index.len()
+                ))),
+                Some((_, &d)) if usize::from(d) >= max_depth => Some(r.damaged(&format!(
+                    "node {} is deeper than max_depth {max_depth}",
+                    index.len()
+                ))),
+                Some((&p, &d)) => {
+                    let before = t.nodes();
+                    let c = t.child_or_insert(p, token);
+                    if c == NONE || t.nodes() == before {
+                        Some(
+                            r.damaged(&format!("duplicate child {token} under file node {parent}")),
+                        )
+                    } else {
+                        t.bump(c, count);
+                        index.push(c);
+                        depth.push(d + 1);
+                        None
+                    }
+                }
+            },
+        };
+        if let Some(e) = bad {
+            cache.budget().release(t.nodes() + t.allowance);
+            return Err(e);
+        }
+    }
+    t.compute_links();
+    Ok(t)
 }
 
 #[cfg(test)]

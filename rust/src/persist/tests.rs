@@ -21,7 +21,7 @@ fn save_load_round_trip() {
     let dir = std::env::temp_dir().join(format!("lookahead-persist-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("h.bin");
-    save(&c, &path).unwrap();
+    save(&c, &path, None).unwrap();
     let d = load(&path, None, None, false).unwrap();
     d.check_invariants().unwrap();
     assert_eq!(d.config(), c.config());
@@ -73,7 +73,7 @@ fn save_load_round_trip() {
 /// Version 3 had no recycle settings: its files load with the defaults (recycling off, as
 /// every version 3 cache that was loaded back had it).
 #[test]
-fn version_3_loads_with_the_default_recycle_settings() {
+fn versions_3_and_4_load_with_the_defaults_they_lack() {
     let cfg = Config {
         max_depth: 5,
         capacity_nodes: 10_000,
@@ -85,22 +85,29 @@ fn version_3_loads_with_the_default_recycle_settings() {
     c.add_history(&[vec![1, 2, 3, 1, 2, 4]], "default").unwrap();
     let dir = scratch("v3");
     let path = dir.join("h.bin");
-    save(&c, &path).unwrap();
-    let v4 = std::fs::read(&path).unwrap();
-    // The recycle settings sit after the 50 bytes of magic, version and version 3's config.
-    let body = [
-        &v4[..8],
-        &3u32.to_le_bytes(),
-        &v4[12..50],
-        &v4[70..v4.len() - 16],
-    ]
-    .concat();
-    let len = (body.len() as u64 + 16).to_le_bytes();
-    let body = [&body[..], &len].concat();
-    let hash = fnv1a(FNV_OFFSET, &body).to_le_bytes();
-    std::fs::write(&path, [&body[..], &hash].concat()).unwrap();
-    let old = load(&path, None, None, false).unwrap();
+    save(&c, &path, None).unwrap();
+    let v5 = std::fs::read(&path).unwrap();
+    // After the 50 bytes of magic, version and version 3's config: the recycle settings (20
+    // bytes, from version 4), corpus_weight and meta's flag (9 bytes, from version 5); before
+    // the end marker, the corpora count (version 5).
+    let end = v5.len() - 16;
+    let older = |version: u32, config_end: usize| {
+        let body = [
+            &v5[..8],
+            &version.to_le_bytes(),
+            &v5[12..config_end],
+            &v5[79..end - 8],
+            &v5[end - 4..end],
+        ]
+        .concat();
+        let len = (body.len() as u64 + 16).to_le_bytes();
+        let body = [&body[..], &len].concat();
+        let hash = fnv1a(FNV_OFFSET, &body).to_le_bytes();
+        std::fs::write(&path, [&body[..], &hash].concat()).unwrap();
+        load(&path, None, None, false).unwrap()
+    };
     let d = Config::default();
+    let old = older(3, 50);
     let got = old.config();
     assert_eq!(
         (got.recycle_k, got.recycle_slots, got.recycle_weight),
@@ -108,6 +115,11 @@ fn version_3_loads_with_the_default_recycle_settings() {
     );
     assert_eq!((got.max_depth, got.capacity_nodes), (5, 10_000));
     assert_eq!(old.stats().nodes, c.stats().nodes);
+    let v4 = older(4, 70);
+    let got = v4.config();
+    assert_eq!((got.recycle_k, got.corpus_weight), (4, d.corpus_weight));
+    assert_eq!((v4.stats().nodes, v4.corpora().len()), (c.stats().nodes, 0));
+    assert_eq!(v4.saved_meta(), None);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -231,7 +243,7 @@ fn saved_file(name: &str) -> (std::path::PathBuf, Vec<u8>) {
     c.add_history(&[vec![4, 5, 6, 4, 5, 7]], "b").unwrap();
     let dir = scratch(name);
     let path = dir.join("h.bin");
-    save(&c, &path).unwrap();
+    save(&c, &path, None).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     (dir, bytes)
 }
@@ -288,7 +300,9 @@ fn io_errors_name_the_path_and_the_errno() {
     assert_eq!(e.kind(), "Io");
     assert!(e.to_string().contains("directory"), "{e}");
     let c = Cache::new(Config::default()).unwrap();
-    let e = save(&c, &dir.join("no/such/folder/h.bin")).err().unwrap();
+    let e = save(&c, &dir.join("no/such/folder/h.bin"), None)
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("no/such/folder"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -317,7 +331,7 @@ fn stale_temporaries_go_and_links_are_written_through() {
             .unwrap();
     }
     let c = load(&path, Some(false), None, false).unwrap();
-    save(&c, &path).unwrap();
+    save(&c, &path, None).unwrap();
     assert!(!dead.exists() && live.exists() && other.exists() && young.exists());
     let nodes = |p: &Path| {
         load(p, Some(false), None, false)
@@ -331,7 +345,7 @@ fn stale_temporaries_go_and_links_are_written_through() {
     let target = dir.join("target.bin");
     let link = dir.join("link.bin");
     std::os::unix::fs::symlink(&target, &link).unwrap();
-    save(&c, &link).unwrap();
+    save(&c, &link, None).unwrap();
     assert!(std::fs::symlink_metadata(&link)
         .unwrap()
         .file_type()
@@ -364,7 +378,7 @@ fn concurrent_saves_do_not_mix() {
     for _ in 0..4 {
         let jobs = [(&a, &pa), (&b, &pb), (&a, &pa)].map(|(c, p)| {
             let (c, p) = (std::sync::Arc::clone(c), p.clone());
-            std::thread::spawn(move || save(&c, &p))
+            std::thread::spawn(move || save(&c, &p, None))
         });
         for j in jobs {
             j.join().unwrap().unwrap();
@@ -412,7 +426,7 @@ fn special_files_are_neither_read_nor_replaced() {
     let link = dir.join("null-link");
     std::os::unix::fs::symlink(&fifo, &link).unwrap();
     for target in [&fifo, &link] {
-        let e = save(&c, target).err().unwrap();
+        let e = save(&c, target, None).err().unwrap();
         assert_eq!(e.kind(), "InvalidInput");
         assert!(e.to_string().contains("not a regular file"), "{e}");
     }
@@ -432,7 +446,7 @@ fn a_long_file_name_saves() {
     let path = dir.join("n".repeat(250));
     let c = Cache::new(Config::default()).unwrap();
     c.add_history(&[vec![1, 2, 3, 1, 2, 4]], "default").unwrap();
-    save(&c, &path).unwrap();
+    save(&c, &path, None).unwrap();
     assert_eq!(
         load(&path, Some(false), None, false)
             .unwrap()
@@ -452,5 +466,56 @@ fn a_long_file_name_saves() {
         .map(|e| e.file_name())
         .collect();
     assert_eq!(names.len(), 1, "{names:?}"); // no temporary left behind
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn corpora_and_meta_survive_a_save() {
+    let c = Cache::new(Config {
+        max_depth: 5,
+        capacity_nodes: 100_000,
+        background_indexing: false,
+        corpus_weight: 2.5,
+        ..Config::default()
+    })
+    .unwrap();
+    c.add_history(&[vec![1, 2, 3, 1, 2, 4]], "default").unwrap();
+    for (id, scope, doc) in [
+        ("m", None, vec![50u32, 51, 52, 53]),
+        ("t", Some("a"), vec![60, 61, 62]),
+    ] {
+        let mut b = c.begin_corpus(id, scope).unwrap();
+        b.add_part(&doc, 0..doc.len()).unwrap();
+        c.commit_corpus(b).unwrap();
+    }
+    let dir = std::env::temp_dir().join(format!("lookahead-corpora-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("c.bin");
+    save(&c, &path, Some("{\"tokenizer\": \"x\"}")).unwrap();
+    let d = load(&path, None, None, false).unwrap();
+    d.check_invariants().unwrap();
+    assert_eq!(d.config(), c.config());
+    assert_eq!(d.saved_meta(), Some("{\"tokenizer\": \"x\"}"));
+    assert_eq!(d.corpora(), c.corpora());
+    assert_eq!(d.stats().nodes, c.stats().nodes);
+    let rid = RequestId::Int(1);
+    d.start_request(rid.clone(), vec![9, 50, 51], "default")
+        .unwrap();
+    assert_eq!(d.draft(&rid, 2, false).unwrap().tokens, vec![51, 52, 53]);
+    // Without meta: None back.
+    save(&c, &path, None).unwrap();
+    assert_eq!(load(&path, None, None, false).unwrap().saved_meta(), None);
+    // Every single damaged byte of a file with corpora is refused.
+    save(&c, &path, Some("m")).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    for i in (0..good.len()).step_by(7) {
+        let mut bad = good.clone();
+        bad[i] ^= 0x41;
+        std::fs::write(&path, &bad).unwrap();
+        assert!(
+            load(&path, None, None, false).is_err(),
+            "byte {i} damaged loaded"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

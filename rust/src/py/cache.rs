@@ -11,7 +11,7 @@ use pyo3::types::PyDict;
 use super::args;
 use super::draft::{to_py, PyDraft};
 use super::errors::to_pyerr;
-use crate::cache::{panic_message, Cache, Config, MAX_BUDGET};
+use crate::cache::{panic_message, Cache, Config, CorpusInfo, MAX_BUDGET};
 use crate::error::{Error, Result};
 
 /// Most entries (requests x width) of one `draft_batch` result: its arrays are allocated up
@@ -52,6 +52,18 @@ pub(super) fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'p
     d.set_item("recycle_k", c.recycle_k)?;
     d.set_item("recycle_slots", c.recycle_slots)?;
     d.set_item("recycle_weight", c.recycle_weight)?;
+    d.set_item("corpus_weight", c.corpus_weight)?;
+    Ok(d)
+}
+
+fn corpus_dict<'py>(py: Python<'py>, c: &CorpusInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("id", &c.id)?;
+    d.set_item("scope", &c.scope)?;
+    d.set_item("tokens", c.tokens)?;
+    d.set_item("nodes", c.nodes)?;
+    d.set_item("bytes", c.bytes)?;
+    d.set_item("cut", c.cut)?;
     Ok(d)
 }
 
@@ -66,7 +78,7 @@ impl PyCache {
     #[allow(clippy::too_many_arguments)]
     // Every knob is required: the defaults live in `Config::default()` alone (`DEFAULTS`),
     // which the Python wrapper's signature reads.
-    #[pyo3(signature = (max_depth, capacity_nodes, own_weight, history_weight, keep_prompt_as_history, background_indexing, index_threads, history_skip, recycle_k, recycle_slots, recycle_weight))]
+    #[pyo3(signature = (max_depth, capacity_nodes, own_weight, history_weight, keep_prompt_as_history, background_indexing, index_threads, history_skip, recycle_k, recycle_slots, recycle_weight, corpus_weight))]
     fn new(
         py: Python<'_>,
         max_depth: usize,
@@ -80,8 +92,10 @@ impl PyCache {
         recycle_k: usize,
         recycle_slots: usize,
         recycle_weight: f64,
+        corpus_weight: f64,
     ) -> PyResult<Self> {
         let cfg = Config {
+            corpus_weight,
             recycle_k,
             recycle_slots,
             recycle_weight,
@@ -358,11 +372,68 @@ impl PyCache {
         d.set_item("evicted_nodes", s.evicted_nodes)?;
         d.set_item("truncated_prompts", s.truncated_prompts)?;
         d.set_item("recycled_keys", s.recycled_keys)?;
+        d.set_item("corpora", s.corpora)?;
+        d.set_item("corpus_nodes", s.corpus_nodes)?;
         Ok(d)
     }
 
-    fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-        run(py, || crate::persist::save(&self.inner, &path))
+    #[pyo3(signature = (path, meta=None))]
+    fn save(&self, py: Python<'_>, path: std::path::PathBuf, meta: Option<String>) -> PyResult<()> {
+        run(py, || {
+            crate::persist::save(&self.inner, &path, meta.as_deref())
+        })
+    }
+
+    /// The `meta` text of the file this cache was loaded from, or None.
+    fn saved_meta(&self) -> Option<String> {
+        self.inner.saved_meta().map(str::to_owned)
+    }
+
+    /// Builds corpus `id` from `documents` (token lists; no n-gram spans two of them) and
+    /// publishes it; `scope`: the namespace it serves (None: all). Ctrl-C is checked between
+    /// parts; an interrupted or failed build publishes nothing.
+    #[pyo3(signature = (id, documents, scope=None))]
+    fn add_corpus<'py>(
+        &self,
+        py: Python<'py>,
+        id: String,
+        documents: Vec<Bound<'py, PyAny>>,
+        scope: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let docs = documents
+            .iter()
+            .enumerate()
+            .map(|(i, t)| args::token_ids(t, &format!("documents[{i}]")))
+            .collect::<PyResult<Vec<_>>>()?;
+        let scope = scope.map(args::namespace).transpose()?;
+        let mut build = run(py, || self.inner.begin_corpus(&id, scope.as_deref()))?;
+        'docs: for text in &docs {
+            for start in (0..text.len()).step_by(INTERRUPTIBLE_TOKENS) {
+                let part = start..(start + INTERRUPTIBLE_TOKENS).min(text.len());
+                if !run(py, || build.add_part(text, part))? {
+                    break 'docs;
+                }
+                py.check_signals()?;
+            }
+        }
+        let info = run(py, || self.inner.commit_corpus(build))?;
+        corpus_dict(py, &info)
+    }
+
+    /// Removes corpus `id`; returns whether it existed.
+    fn remove_corpus(&self, py: Python<'_>, id: String) -> PyResult<bool> {
+        run(py, || Ok(self.inner.remove_corpus(&id)))
+    }
+
+    /// Moves every corpus into `to` (same configuration) where it fits; returns their ids.
+    fn move_corpora_to(&self, py: Python<'_>, to: &PyCache) -> PyResult<Vec<String>> {
+        run(py, || Ok(self.inner.move_corpora_to(&to.inner)))
+    }
+
+    /// The corpora, in the order they were added, as dicts.
+    fn corpora<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let all = run(py, || Ok(self.inner.corpora()))?;
+        all.iter().map(|c| corpus_dict(py, c)).collect()
     }
 
     #[staticmethod]

@@ -31,5 +31,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_RECYCLE_K", crate::recycle::MAX_WIDTH)?;
     m.add("MAX_RECYCLE_SLOTS", crate::cache::MAX_RECYCLE_SLOTS)?;
     m.add("MAX_IDS_PER_CALL", args::MAX_IDS_PER_CALL)?;
+    m.add("MAX_CORPORA", crate::cache::MAX_CORPORA)?;
+    m.add("MAX_CORPUS_ID_BYTES", crate::cache::MAX_CORPUS_ID_BYTES)?;
+    m.add("CORPUS_SHARE", crate::cache::CORPUS_SHARE)?;
     Ok(())
 }
