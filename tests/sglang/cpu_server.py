@@ -221,9 +221,9 @@ class CpuServer:
 
     def generate(self, text: str | None = None, timeout: float = REQUEST_TIMEOUT_S, **params):
         """`/generate`, greedy unless told otherwise; `params` are sampling params, and
-        `input_ids` / `rid` go in the body."""
+        `input_ids` / `rid` / `extra_key` go in the body."""
         body: dict[str, Any] = {}
-        for key in ("input_ids", "rid"):
+        for key in ("input_ids", "rid", "extra_key"):
             if key in params:
                 body[key] = params.pop(key)
         if text is not None:

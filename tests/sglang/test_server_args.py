@@ -203,16 +203,72 @@ def test_background_indexing_follows_the_model_ranks(plugins_loaded, monkeypatch
     assert off.for_ranks(8).background_indexing is False
 
 
-def test_rank_and_corpus_refusals_come_at_start_up(plugins_loaded, monkeypatch):
+def test_rank_refusals_come_at_start_up(plugins_loaded, monkeypatch):
     from lookahead.sglang import LookaheadConfigError
 
     argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"]
     with pytest.raises(LookaheadConfigError, match="background_indexing true with 2 model ranks"):
         resolve(argv + ["--tp-size", "2"], monkeypatch, '{"background_indexing": true}')
-    with pytest.raises(LookaheadConfigError, match="external-corpus-path is NGRAM-only"):
-        resolve(argv + ["--speculative-ngram-external-corpus-path", "x.jsonl"], monkeypatch)
     with pytest.raises(LookaheadConfigError, match="disaggregation-mode decode"):
         resolve(argv + ["--disaggregation-mode", "decode"], monkeypatch)
+
+
+def test_external_corpus_flags_are_ngrams(plugins_loaded, monkeypatch, tmp_path):
+    import json
+
+    from lookahead.sglang import LookaheadConfigError
+
+    argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"]
+    flag = "--speculative-ngram-external-corpus-path"
+    with pytest.raises(LookaheadConfigError, match="External ngram corpus path does not exist"):
+        resolve(argv + [flag, str(tmp_path / "none.jsonl")], monkeypatch)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('"fine"\n\n{"text": "not a string"}\n')
+    with pytest.raises(LookaheadConfigError, match="record at line 3: expected a JSON string"):
+        resolve(argv + [flag, str(bad)], monkeypatch)
+    bad.write_text('"fine"\n"unterminated\n')
+    with pytest.raises(
+        LookaheadConfigError, match="Invalid JSON in external ngram corpus at line 2"
+    ):
+        resolve(argv + [flag, str(bad)], monkeypatch)
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps("a manual") + "\n" + json.dumps("more text") + "\n")
+    # NGRAM's defaults want a SAM budget with a corpus; LOOKAHEAD has no SAM and declares one.
+    args, get = resolve(argv + [flag, str(good)], monkeypatch, '{"corpus_weight": 2}')
+    assert get("speculative_ngram_external_sam_budget") == 1
+    with pytest.raises(ValueError, match="max-tokens must be positive"):  # NGRAM's check
+        resolve(
+            argv + [flag, str(good), "--speculative-ngram-external-corpus-max-tokens", "0"],
+            monkeypatch,
+        )
+    with pytest.raises(LookaheadConfigError, match=r"corpus_weight must be a number in"):
+        resolve(argv, monkeypatch, '{"corpus_weight": 0}')
+    with pytest.raises(LookaheadConfigError, match="corpus_scope must be one of"):
+        resolve(argv, monkeypatch, '{"corpus_scope": "tenant"}')
+    with pytest.raises(LookaheadConfigError, match="keeps tenants' corpora apart by extra_key"):
+        resolve(argv, monkeypatch, '{"corpus_scope": "by_id", "namespace": "shared"}')
+
+
+def test_warm_restart_paths_are_checked_at_start_up(plugins_loaded, monkeypatch, tmp_path):
+    import json
+
+    from lookahead.sglang import LookaheadConfigError
+
+    argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"]
+    missing = str(tmp_path / "none.bin")
+    with pytest.raises(LookaheadConfigError, match="load: .* does not exist .*load_missing_ok"):
+        resolve(argv, monkeypatch, json.dumps({"load": missing}))
+    resolve(argv, monkeypatch, json.dumps({"load": missing, "load_missing_ok": True}))
+    with pytest.raises(LookaheadConfigError, match="save: folder .* does not exist"):
+        resolve(argv, monkeypatch, json.dumps({"save": str(tmp_path / "no" / "w.bin")}))
+    with pytest.raises(LookaheadConfigError, match="save_interval_s needs save"):
+        resolve(argv, monkeypatch, '{"save_interval_s": 60}')
+    with pytest.raises(LookaheadConfigError, match="save_interval_s must be 0"):
+        resolve(argv, monkeypatch, json.dumps({"save": missing, "save_interval_s": 0.5}))
+    with pytest.raises(LookaheadConfigError, match="save must be null or a file path"):
+        resolve(argv, monkeypatch, '{"save": 3}')
+    with pytest.raises(LookaheadConfigError, match="2 data-parallel replicas"):
+        resolve(argv + ["--dp-size", "2"], monkeypatch, json.dumps({"save": missing}))
 
 
 def test_cpu_verify_width_follows_the_row_cap(plugins_loaded, monkeypatch):

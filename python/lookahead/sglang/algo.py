@@ -21,10 +21,10 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from lookahead.sglang.config import (
     ALGORITHM_NAME,
+    CONFIG_ENV,
     LookaheadConfigError,
     ServingConfig,
     read_env,
-    refuse_external_corpus,
 )
 
 __all__ = ["ALGORITHM_NAME", "LookaheadSpecAlgo", "register_algorithm", "unwrap_record"]
@@ -91,7 +91,8 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
 
         Raises `LookaheadConfigError` (a `ValueError`) at start-up for DP attention, a
         device other than CUDA or CPU, PD-disaggregated decode, a budget that does not fit
-        the CUDA-graph verify width, NGRAM's external corpora, `background_indexing: true`
+        the CUDA-graph verify width, a start-up corpus file that is missing or not JSONL
+        of strings, a `save` folder missing or a `load` file missing, `background_indexing: true`
         with several model ranks, or `max_verify_rows` off the CPU.
         """
         from sglang.srt.arg_groups.speculative_hook import _handle_ngram
@@ -117,7 +118,7 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
                 f"--speculative-algorithm {ALGORITHM_NAME} does not support "
                 "--disaggregation-mode decode (neither does SGLang 0.5.23's NGRAM path it uses)"
             )
-        refuse_external_corpus(cfg)
+        _accept_external_corpus(record)
         _handle_ngram(record)
         if cfg.device == "cpu":
             _choose_cpu_attention(record)
@@ -129,7 +130,27 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
                 f"{cfg.device} every step verifies --speculative-num-draft-tokens nodes, the "
                 "width its graphs and overlap relay are built for)"
             )
+        config.warm.check_paths(CONFIG_ENV, int(getattr(view, "dp_size", 1) or 1))
         logger.info("lookahead: %s resolved to %s", ALGORITHM_NAME, config.as_dict())
+
+
+def _accept_external_corpus(record: Any) -> None:
+    """NGRAM's start-up corpus flag, checked before any scheduler starts (the file's
+    format; its token count needs the tokenizer, in the scheduler).
+    `--speculative-ngram-external-sam-budget` sizes NGRAM's corpus subtree, which LOOKAHEAD
+    does not have (corpus paths are ranked with the rest): NGRAM's defaults refuse a corpus
+    without one, so an unset budget is declared 1 for them."""
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    from lookahead.sglang.corpora import check_corpus_file
+
+    view = resolving_view(record)
+    path = view.speculative_ngram_external_corpus_path
+    if path is None:
+        return
+    check_corpus_file(path)
+    if view.speculative_ngram_external_sam_budget <= 0:
+        declare_resolution(record, "lookahead_corpus", speculative_ngram_external_sam_budget=1)
 
 
 def _choose_cpu_attention(record: Any) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 from lookahead import _core
 from lookahead.args import RENAMED, renamed_note
 from lookahead.errors import LookaheadConfigError
+from lookahead.sglang.corpora import CorpusConfig
+from lookahead.sglang.warm import WarmConfig
 from lookahead.user_input import UserInputError, loads_json, quote
 
 # The `--speculative-algorithm` value the plugin registers.
@@ -78,6 +80,16 @@ EXTRA_KEYS: dict[str, Any] = {
     # verify alike, DEFAULT_CPU_VERIFY_ROWS instead). CUDA verifies N always (its graphs and
     # overlap relay are built at width N), and refuses a value.
     "max_verify_rows": None,
+    # Corpora (`lookahead.sglang.corpora`): a corpus draft's weight against the request's own
+    # (`LookaheadCache`'s corpus_weight), and which requests a corpus serves ("all", "by_id").
+    "corpus_weight": _core.DEFAULTS["corpus_weight"],
+    "corpus_scope": "all",
+    # Warm restarts (`lookahead.sglang.warm`): where to save the trie (at a clean shutdown,
+    # and every save_interval_s seconds unless 0), and the file to start from.
+    "save": None,
+    "save_interval_s": 0,
+    "load": None,
+    "load_missing_ok": False,
 }
 # The fixed rule's rows where the sizer cannot be used (several model ranks). On a 2-core
 # CPU a forward's cost grows about linearly in rows past a few dozen (fp32, SmolLM2-135M:
@@ -131,17 +143,6 @@ def _parse_extra(config_json: str | None) -> dict[str, Any]:
             f"{CONFIG_ENV} has unknown keys {quote(unknown)}; known keys: {sorted(EXTRA_KEYS)}"
         )
     return extra
-
-
-def refuse_external_corpus(spec: Any) -> None:
-    """NGRAM's external corpora are not LOOKAHEAD's: refuse `--speculative-ngram-external-
-    corpus-path` (the launcher checks it before NGRAM's own defaults, which would fail on it
-    with a message about NGRAM's settings)."""
-    if getattr(spec, "speculative_ngram_external_corpus_path", None) is not None:
-        raise LookaheadConfigError(
-            "--speculative-ngram-external-corpus-path is NGRAM-only; LOOKAHEAD does not "
-            "load SGLang's external corpora"
-        )
 
 
 def _number(name: str, v: Any, lo: float, hi: float) -> float:
@@ -213,6 +214,8 @@ class ServingConfig:
     history_skip: tuple[int, int] | None
     stats_interval_s: float = 60.0
     max_verify_rows: int | None = None
+    corpora: CorpusConfig = CorpusConfig()
+    warm: WarmConfig = WarmConfig()
     model_ranks: int = 1  # TP x PP of the server (`for_ranks`)
 
     @property
@@ -315,14 +318,18 @@ class ServingConfig:
                 if extra["max_verify_rows"] is None
                 else _int("max_verify_rows", extra["max_verify_rows"], 1, 1 << 20)
             ),
+            corpora=dataclasses.replace(
+                CorpusConfig.from_args(args, extra, namespace, CONFIG_ENV),
+                weight=_number("corpus_weight", extra["corpus_weight"], 1e-6, MAX_WEIGHT),
+            ),
+            warm=WarmConfig.from_extra(extra, CONFIG_ENV),
         )
 
     @classmethod
     def for_server(cls, spec: Any, server_args: Any, config_json: str | None) -> ServingConfig:
-        """The config of a server: `from_args` on its speculative arguments `spec`, NGRAM's
-        external corpora refused, and `for_ranks` its model ranks (`server_args`' TP x PP).
-        The launcher and each scheduler's worker resolve it alike."""
-        refuse_external_corpus(spec)
+        """The config of a server: `from_args` on its speculative arguments `spec`, and
+        `for_ranks` its model ranks (`server_args`' TP x PP). The launcher and each
+        scheduler's worker resolve it alike."""
         ranks = int(getattr(server_args, "tp_size", 1) or 1) * int(
             getattr(server_args, "pp_size", 1) or 1
         )

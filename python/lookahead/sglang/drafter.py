@@ -73,14 +73,20 @@ class LookaheadDrafter:
             background_indexing=c.background_indexing is not False,
             index_threads=c.index_threads,
             history_skip=c.history_skip,
+            corpus_weight=c.corpora.weight,
         )
 
     def namespace_of(self, req: Any) -> str:
         """The trie namespace of `req` under the configured namespace mode."""
         mode = self.config.namespace
         if mode == "extra_key" and getattr(req, "extra_key", None):
-            return f"key:{req.extra_key}"
+            return self.namespace_of_key(req.extra_key)
         return DEFAULT_NAMESPACE
+
+    @staticmethod
+    def namespace_of_key(extra_key: str) -> str:
+        """The namespace of requests with `extra_key` (namespace mode "extra_key")."""
+        return f"key:{extra_key}"
 
     @property
     def live_requests(self) -> frozenset:
@@ -235,8 +241,10 @@ class LookaheadDrafter:
         """Nothing to wait for: `draft` waits for a request's own pending prompt index."""
 
     def reset(self) -> None:
-        """Drops every request and all history (SGLang's `clear_cache_pool`)."""
-        self.cache = self._new_cache()
+        """Drops every request and all history (SGLang's `clear_cache_pool`); the corpora
+        are the operator's and stay."""
+        old, self.cache = self.cache, self._new_cache()
+        old.move_corpora_to(self.cache)
         self._ctx_len.clear()
         self._restart.clear()
         self._held.clear()

@@ -42,9 +42,11 @@ from sglang.srt.speculative.ngram_worker import (
 from lookahead.batch_sizing import BatchSizer
 from lookahead.cache import BatchDraft
 from lookahead.sglang import patches
-from lookahead.sglang.config import LookaheadConfigError, ServingConfig, read_env
+from lookahead.sglang.config import ServingConfig, read_env
+from lookahead.sglang.corpora import CorpusBook
 from lookahead.sglang.cpu_attention import TREE_SDPA_BACKEND
 from lookahead.sglang.drafter import LookaheadDrafter
+from lookahead.sglang.overlap import pending_tokens
 from lookahead.sglang.verify import (
     LookaheadVerifyInput,
     VerifyTensors,
@@ -52,6 +54,7 @@ from lookahead.sglang.verify import (
     host_tree,
     pad_to_width,
 )
+from lookahead.sglang.warm import Saver, warm_start
 
 __all__ = ["LookaheadWorker"]
 
@@ -93,11 +96,22 @@ class LookaheadWorker(NGRAMWorker):
             enable_overlap=not get_schedule().disable_overlap_schedule,
             attention_backend=None,  # the target's backend is built after this worker
         )
-        if config.exact_sampling and patches.register_patch("exact_sampling"):
+        tokenizer = getattr(target_worker, "tokenizer", None)
+        self.saver = warm_start(self.config.warm, self.drafter, target_worker, tokenizer)
+        self.corpus_book.load_start_up(tokenizer)
+        registered = [patches.register_patch(n) for n in ("corpus_note", "save_at_exit")]
+        if config.exact_sampling:
+            registered.append(patches.register_patch("exact_sampling"))
+        if any(registered):
             from sglang.srt.plugins.hook_registry import HookRegistry
 
             HookRegistry.apply_hooks()
         logger.info("lookahead: LOOKAHEAD worker ready: %s", config.as_dict())
+
+    def lookahead_exit(self) -> None:
+        """At a graceful scheduler exit (patch `save_at_exit`): the last save."""
+        if self.saver is not None:
+            self.saver.save(self.drafter.cache, "shutdown")
 
     def _init_lookahead(
         self,
@@ -129,6 +143,8 @@ class LookaheadWorker(NGRAMWorker):
         self.drafter = LookaheadDrafter(config)
         # NGRAMWorker's verify path reports departed requests and resets through this name.
         self.ngram_corpus = self.drafter
+        self.corpus_book = CorpusBook(self.drafter, config.corpora)
+        self.saver: Saver | None = None
         self._prev_decode_rids: set = set()
         self._prev_reqs: dict = {}  # rid -> Req of the last decode batch drafted
         self.grammar_tree_host = None
@@ -151,51 +167,8 @@ class LookaheadWorker(NGRAMWorker):
     # -- drafting ------------------------------------------------------------------------
 
     def _pending_tokens(self, batch: Any) -> list[list[int]] | None:
-        """Verified tokens not yet in `output_ids` (overlap mode only).
-
-        The overlap relay holds a request's tokens of its last forward, and keeps them after
-        `output_ids` got them when steps without that request came between (another
-        request's prefill, an idle step). NGRAM reads only a tail, so the repeat costs it
-        nothing; we count every token, so each row is cut to what `output_ids` lacks:
-        `seq_lens_cpu[i] + 1` (the root's KV comes next) minus the padded prompt and
-        `output_ids`."""
-        bs = len(batch.reqs)
-        stride = self.config.width  # the relay is always N per request (`pad_to_width`)
-        if not (self.enable_overlap and not batch.grammar_needs_sync()):
-            self.prev_token_ids, self.prev_accept_lens = [], [0] * bs
-            return None
-        tokens, lens = batch.spec_info.accept_tokens, batch.spec_info.accept_lens
-        if not tokens.is_cpu:
-            tokens, lens = tokens.cpu(), lens.cpu()
-        self.prev_token_ids, self.prev_accept_lens = tokens.tolist(), lens.tolist()
-        if len(self.prev_accept_lens) != bs:
-            raise RuntimeError(
-                f"overlap relay carried {len(self.prev_accept_lens)} accept lengths for a "
-                f"batch of {bs}"
-            )
-        rows = [
-            self.prev_token_ids[i * stride : i * stride + self.prev_accept_lens[i]]
-            for i in range(bs)
-        ]
-        if batch.seq_lens_cpu is None:
-            return rows  # no host lengths: `draft`'s root check still keeps verify exact
-        for i, (req, n) in enumerate(zip(batch.reqs, batch.seq_lens_cpu.tolist())):
-            missing = n + 1 - len(req.origin_input_ids) - len(req.output_ids)
-            if missing > len(rows[i]):
-                # Not seen in SGLang 0.5.23; the whole row then, and `draft`'s root check
-                # restarts the request if its context came out wrong (verify stays exact).
-                logger.warning(
-                    "lookahead: request %r: SGLang's context has %d tokens beyond output_ids, "
-                    "the overlap relay only %d",
-                    req.rid,
-                    missing,
-                    len(rows[i]),
-                )
-            elif missing > 0:
-                rows[i] = rows[i][len(rows[i]) - missing :]
-            else:
-                rows[i] = []
-        return rows
+        """Verified tokens not yet in `output_ids` (`lookahead.sglang.overlap`)."""
+        return pending_tokens(self, batch)
 
     def _end_departed(self, batch: Any) -> None:
         """Ends the requests that left the decode batch before this step indexes new prompts
@@ -333,6 +306,8 @@ class LookaheadWorker(NGRAMWorker):
         started = time.perf_counter()
         bs = len(batch.reqs)
         self._maybe_log_stats()
+        if self.saver is not None:
+            self.saver.tick(self.drafter.cache)
         tokens, parents, vt = self._build_verify_tensors(batch)
         self.grammar_tree_host = host_tree(tokens, parents) if batch.has_grammar else None
 
@@ -384,13 +359,19 @@ class LookaheadWorker(NGRAMWorker):
         moment they are on the host without an extra device sync (NGRAM inserts here the
         tokens it read at draft time, one step late, for the same reason)."""
 
-    # -- NGRAM-only features -------------------------------------------------------------
+    # -- external corpora (SGLang's scheduler calls these, as NGRAM's) --------------------
 
     def add_external_corpus(self, corpus_id: str, token_chunks: list[list[int]]) -> int:
-        raise LookaheadConfigError("external corpora are an NGRAM feature; LOOKAHEAD has none")
+        return self.corpus_book.add(corpus_id, token_chunks)
+
+    def commit_corpus_load(self, corpus_id: str, loaded_token_count: int) -> None:
+        """Nothing to commit: `add_external_corpus` published the corpus whole."""
+
+    def corpus_note(self, corpus_id: str) -> str | None:
+        return self.corpus_book.note(corpus_id)
 
     def remove_external_corpus(self, corpus_id: str) -> None:
-        raise LookaheadConfigError("external corpora are an NGRAM feature; LOOKAHEAD has none")
+        self.corpus_book.remove(corpus_id)
 
     def list_external_corpora(self) -> dict[str, int]:
-        return {}
+        return self.corpus_book.listing()
