@@ -35,7 +35,17 @@ from benchmarks.sglang_cpu_serving import prompts_of, run_batch, summarise  # no
 NGRAM = ["--speculative-algorithm", "NGRAM", "--attention-backend", "lookahead_tree_sdpa"]
 LOOKAHEAD = ["--speculative-algorithm", "LOOKAHEAD"]
 CORPUS = "--speculative-ngram-external-corpus-path"
-SETTINGS = ["none", "ngram", "ngram+corpus", "lookahead", "lookahead+corpus"]
+SETTINGS = [
+    "none",
+    "ngram",
+    "ngram+corpus",
+    "lookahead",
+    "lookahead+corpus",
+    "lookahead+corpus-rows64",
+]
+# LOOKAHEAD_CONFIG of a setting: -rows64 verifies every request's whole tree (N nodes) up to
+# 64 rows a step, NGRAM's width, instead of the width the sizer finds fastest.
+SETTING_CONFIG = {"lookahead+corpus-rows64": {"max_verify_rows": 64}}
 
 
 def parse_args(argv=None):
@@ -59,7 +69,7 @@ def args_of(setting: str, corpus: Path, n: int, sam: int) -> list[str]:
         return []
     base = list(NGRAM if setting.startswith("ngram") else LOOKAHEAD)
     base += ["--speculative-num-draft-tokens", str(n)]
-    if setting.endswith("+corpus"):
+    if "+corpus" in setting:
         base += [CORPUS, str(corpus)]
         if setting.startswith("ngram"):
             base += ["--speculative-ngram-external-sam-budget", str(sam)]
@@ -133,7 +143,8 @@ def main(argv=None) -> int:
             extra = args_of(setting, corpus, args.num_draft_tokens, args.sam_budget)
             server_env = dict(env)
             if setting.startswith("lookahead"):
-                server_env["LOOKAHEAD_CONFIG"] = json.dumps({"stats_interval_s": 5})
+                config = {"stats_interval_s": 5, **SETTING_CONFIG.get(setting, {})}
+                server_env["LOOKAHEAD_CONFIG"] = json.dumps(config)
             with CpuServer(model, extra, log_dir / f"{setting}_c{c}.log", env=server_env) as s:
                 s.generate("Hello", max_new_tokens=8)
                 results, wall = run_batch(s, prompts, c, args.output_len)

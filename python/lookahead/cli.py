@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_load_args(cal)
 
+    from lookahead import corpus_build
+
+    corpus_build.add_parser(sub)
     sub.add_parser("bench", help="moved: `python -m benchmarks NAME` from a clone")
     return parser
 
@@ -272,6 +275,22 @@ def _read_prompt(args) -> str | None:
     return None
 
 
+def _corpus(args) -> int:
+    """`lookahead corpus build`: errors a user can fix in one line, Ctrl-C without a trace."""
+    from lookahead import corpus_build
+    from lookahead.errors import LookaheadError
+
+    try:
+        corpus_build.build(args)
+        return 0
+    except KeyboardInterrupt:
+        _say("\nlookahead: interrupted (nothing written)")
+        return 130
+    except (LookaheadError, ValueError, OSError) as e:
+        _say(f"lookahead: {type(e).__name__}: {e}")
+        return 1
+
+
 def main(argv: list | None = None) -> int:
     """Entry point of the `lookahead` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -286,6 +305,8 @@ def main(argv: list | None = None) -> int:
     if sys.stdout is None:  # started with stdout closed (`>&-`): the output would be lost
         _say("lookahead: stdout is closed: nowhere to write the output")
         return 1
+    if args.command == "corpus":
+        return _corpus(args)
     problem = None
     if args.command == "generate" and args.prompt == "-":
         problem = _read_prompt(args)

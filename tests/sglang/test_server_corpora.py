@@ -171,3 +171,18 @@ def test_bad_files_end_start_up_with_one_line(model, logs, cold, tmp_path, what)
         server.start()
     errors = [ln for ln in server.log().splitlines() if "LookaheadConfigError" in ln]
     assert errors and line in errors[-1], server.tail()
+
+
+def test_a_corpus_built_offline_loads_at_start_up(model, logs, answers, cold, tmp_path):
+    from lookahead.cli import main
+
+    docs = tmp_path / "answers.jsonl"
+    docs.write_text("".join(json.dumps(p + answers[p]["text"]) + "\n" for p in PROMPTS_A))
+    built = tmp_path / "answers.bin"
+    assert main(["corpus", "build", str(docs), "--model", str(model), "-o", str(built)]) == 0
+    env = {"LOOKAHEAD_CONFIG": json.dumps({**FULL_WIDTH, "load": str(built)})}
+    with CpuServer(model, LOOKAHEAD, logs / "built.log", env=env) as server:
+        listed = server.get("/list_external_corpora")["corpus_token_counts"]
+        assert list(listed) == ["answers.bin"], server.tail()
+        got = run(server, PROMPTS_A, answers)
+    assert got > cold["accepted"], (got, cold["accepted"])
