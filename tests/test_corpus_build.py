@@ -63,7 +63,10 @@ def test_bad_inputs_fail_in_one_line(model_dir, tmp_path, capsys):
     out = tmp_path / "x.bin"
     base = ["corpus", "build", "--model", str(model_dir), "-o", str(out)]
     assert main(base + [str(bad)]) == 1
-    assert f"{bad}:2: expected a JSON string" in capsys.readouterr().err
+    assert (
+        f"{bad}: Invalid external ngram corpus record at line 2: expected a JSON string."
+        in capsys.readouterr().err
+    )
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps("x" * 50) + "\n")
     assert main(base + [str(good), "--max-tokens", "10"]) == 1

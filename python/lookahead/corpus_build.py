@@ -15,7 +15,6 @@ with one line.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -52,21 +51,18 @@ def add_parser(sub: Any) -> None:
 
 
 def _documents(path: Path):
-    """(document, where) pairs of one input file."""
-    if path.suffix == ".jsonl":
-        with path.open("r", encoding="utf-8") as f:
-            for n, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    doc = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-                if not isinstance(doc, str):
-                    raise ValueError(f"{path}:{n}: expected a JSON string (NGRAM's format)")
-                yield doc, f"{path}:{n}"
-    else:
+    """(document, where) pairs of one input file: NGRAM's JSONL, or one text document."""
+    from lookahead.errors import LookaheadConfigError
+    from lookahead.sglang.corpora import jsonl_documents
+
+    if path.suffix != ".jsonl":
         yield path.read_text(encoding="utf-8"), str(path)
+        return
+    try:
+        for n, doc in jsonl_documents(path):
+            yield doc, f"{path}:{n}"
+    except LookaheadConfigError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def build(args: Any, out: Any = None) -> dict[str, Any]:

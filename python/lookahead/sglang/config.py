@@ -318,9 +318,12 @@ class ServingConfig:
                 if extra["max_verify_rows"] is None
                 else _int("max_verify_rows", extra["max_verify_rows"], 1, 1 << 20)
             ),
-            corpora=dataclasses.replace(
-                CorpusConfig.from_args(args, extra, namespace, CONFIG_ENV),
-                weight=_number("corpus_weight", extra["corpus_weight"], 1e-6, MAX_WEIGHT),
+            corpora=CorpusConfig.from_args(
+                args,
+                extra,
+                namespace,
+                _number("corpus_weight", extra["corpus_weight"], 1e-6, MAX_WEIGHT),
+                CONFIG_ENV,
             ),
             warm=WarmConfig.from_extra(extra, CONFIG_ENV),
         )

@@ -39,6 +39,7 @@ __all__ = [
     "CorpusConfig",
     "check_corpus_file",
     "documents_of",
+    "jsonl_documents",
     "serve_add",
     "serve_list",
     "serve_remove",
@@ -64,8 +65,15 @@ class CorpusConfig:
 
     @classmethod
     def from_args(
-        cls, spec: Any, extra: Mapping[str, Any], namespace_mode: str, config_env: str
+        cls,
+        spec: Any,
+        extra: Mapping[str, Any],
+        namespace_mode: str,
+        weight: float,
+        config_env: str,
     ) -> CorpusConfig:
+        """From SGLang's corpus flags on `spec`, `LOOKAHEAD_CONFIG`'s `corpus_scope` in
+        `extra`, and the checked `corpus_weight`."""
         path = getattr(spec, "speculative_ngram_external_corpus_path", None)
         max_tokens = getattr(spec, "speculative_ngram_external_corpus_max_tokens", 10_000_000)
         if path is not None and (
@@ -87,7 +95,7 @@ class CorpusConfig:
                 f"extra_key, which namespace {json.dumps(namespace_mode)} does not (use "
                 "namespace 'extra_key')"
             )
-        return cls(path=path, max_tokens=max_tokens, weight=extra["corpus_weight"], scope=scope)
+        return cls(path=path, max_tokens=max_tokens, weight=weight, scope=scope)
 
     def scope_key(self, corpus_id: str) -> str | None:
         """The extra_key whose requests a corpus added under `corpus_id` serves (None:
@@ -103,31 +111,36 @@ class CorpusConfig:
         return key
 
 
-def check_corpus_file(path: str, max_lines: int | None = None) -> None:
+def jsonl_documents(path: str | Path):
+    """(line number, document) of a corpus file in NGRAM's format, one JSON string per
+    non-blank line; a bad line raises `LookaheadConfigError` in SGLang's reader's words."""
+    with Path(path).open("r", encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise LookaheadConfigError(
+                    f"Invalid JSON in external ngram corpus at line {line_no}: {e.msg}"
+                ) from None
+            if not isinstance(record, str):
+                raise LookaheadConfigError(
+                    f"Invalid external ngram corpus record at line {line_no}: expected a "
+                    "JSON string."
+                )
+            yield line_no, record
+
+
+def check_corpus_file(path: str) -> None:
     """The launcher's check of a start-up corpus file, before any scheduler starts: it
     exists and every non-blank line is a JSON string (SGLang's reader's own messages; the
     token limit needs the tokenizer and is checked where the corpus is loaded)."""
-    p = Path(path)
-    if not p.is_file():
+    if not Path(path).is_file():
         raise LookaheadConfigError(f"External ngram corpus path does not exist: {path}")
     try:
-        with p.open("r", encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
-                if max_lines is not None and line_no > max_lines:
-                    return
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise LookaheadConfigError(
-                        f"Invalid JSON in external ngram corpus at line {line_no}: {e.msg}"
-                    ) from None
-                if not isinstance(record, str):
-                    raise LookaheadConfigError(
-                        f"Invalid external ngram corpus record at line {line_no}: expected "
-                        "a JSON string."
-                    )
+        for _ in jsonl_documents(path):
+            pass
     except (OSError, UnicodeDecodeError) as e:
         raise LookaheadConfigError(f"cannot read external ngram corpus {path}: {e}") from None
 

@@ -382,6 +382,22 @@ impl<R: Read> Reader<'_, R> {
         self.fill(&mut b)?;
         String::from_utf8(b).map_err(|_| self.damaged(&format!("{what} is not UTF-8")))
     }
+    /// A flag byte: 0 or 1.
+    fn flag(&mut self) -> Result<bool> {
+        match self.bytes::<1>()? {
+            [0] => Ok(false),
+            [1] => Ok(true),
+            _ => Err(self.damaged("a flag byte is neither 0 nor 1")),
+        }
+    }
+    /// What `write_text` wrote: a flag, then (if set) a text of at most `max` bytes.
+    fn optional_text(&mut self, max: usize, what: &str) -> Result<Option<String>> {
+        if self.flag()? {
+            self.text(max, what).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
     /// A format error naming the file.
     fn damaged(&self, why: &str) -> Error {
         Error::Format(format!(
@@ -517,11 +533,7 @@ fn read_body<R: Read>(
     };
     let (corpus_weight, meta) = if version >= WITH_CORPORA {
         let w = r.f64()?;
-        let meta = match r.bytes::<1>()? {
-            [0] => None,
-            [1] => Some(r.text(MAX_META_BYTES, "its meta")?),
-            _ => return Err(r.damaged("a flag byte is neither 0 nor 1")),
-        };
+        let meta = r.optional_text(MAX_META_BYTES, "its meta")?;
         (w, meta)
     } else {
         (Config::default().corpus_weight, None)
@@ -565,17 +577,9 @@ fn read_body<R: Read>(
             if id.is_empty() || !ids.insert(id.clone()) {
                 return Err(r.damaged(&format!("corpus id {id:?} is empty or appears twice")));
             }
-            let scope = match r.bytes::<1>()? {
-                [0] => None,
-                [1] => Some(r.text(MAX_NAMESPACE_BYTES, "a corpus scope")?),
-                _ => return Err(r.damaged("a flag byte is neither 0 nor 1")),
-            };
+            let scope = r.optional_text(MAX_NAMESPACE_BYTES, "a corpus scope")?;
             let tokens = r.u64()?;
-            let cut = match r.bytes::<1>()? {
-                [0] => false,
-                [1] => true,
-                _ => return Err(r.damaged("a flag byte is neither 0 nor 1")),
-            };
+            let cut = r.flag()?;
             let t = read_trie(r, &cache, max_depth, &format!("corpus {id:?}"))?;
             cache.install_corpus(std::sync::Arc::new(Corpus::new(id, scope, tokens, cut, t)));
         }
