@@ -112,6 +112,19 @@ def test_exact_sample_runs_sglangs_logit_path_then_our_verifier(plugins_loaded, 
         assert n == int(res.num_accepted[b]) + 1
         assert predict[accept_index[b, :n].long()].tolist() == emitted(res, tokens, b)
 
+    class Forbid:  # a grammar's mask (SGLang's `GrammarMask.apply`): tokens 0-2 never allowed
+        def apply(self, x):
+            x[:, :3] = float("-inf")
+
+    for seed in range(20):  # drafts hold tokens 0-5: forbidden ones are drafted often
+        torch.manual_seed(seed)
+        predict, accept_lens, accept_index = exact_tree_sample(
+            verify_input, batch, SimpleNamespace(next_token_logits=logits.clone()), Forbid()
+        )
+        for b in range(bs):
+            out = predict[accept_index[b, : int(accept_lens[b])].long()].tolist()
+            assert min(out) >= 3, (seed, b, out)
+
 
 def test_only_lookahead_sampling_batches_take_our_path_on_cpu_too(plugins_loaded, monkeypatch):
     """NGRAM's inputs stay on SGLang's path; LOOKAHEAD's CPU sampling batches take ours, since
@@ -130,7 +143,7 @@ def test_only_lookahead_sampling_batches_take_our_path_on_cpu_too(plugins_loaded
 
     spec = SimpleNamespace(speculative_use_rejection_sampling=False)
     monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
-    monkeypatch.setattr(verify, "exact_tree_sample", lambda vi, b, lo: "ours")
+    monkeypatch.setattr(verify, "exact_tree_sample", lambda vi, b, lo, gm=None: "ours")
     mask = torch.ones(4, dtype=torch.bool)
     ngram = NgramVerifyInput(custom_mask=mask, draft_token_num=2)
     assert patches._exact_sampling(original, ngram, "batch", "logits", None) == "sglang"
@@ -198,7 +211,7 @@ def test_cuda_sampling_batches_take_our_path_unless_sglang_must(plugins_loaded, 
     sample = getattr(importlib.import_module(module), name)
     spec = SimpleNamespace(speculative_use_rejection_sampling=False)
     monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
-    monkeypatch.setattr(verify, "exact_tree_sample", lambda vi, b, lo: "ours")
+    monkeypatch.setattr(verify, "exact_tree_sample", lambda vi, b, lo, gm=None: "ours")
     # A CUDA tree without a GPU: only `is_cuda` is read before the sampler.
     vi = verify.LookaheadVerifyInput.__new__(verify.LookaheadVerifyInput)
     vi.exact_sampling, vi.tree_tokens = True, SimpleNamespace(is_cuda=True)
@@ -210,8 +223,9 @@ def test_cuda_sampling_batches_take_our_path_unless_sglang_must(plugins_loaded, 
 
     assert patches._exact_sampling(original, vi, batch, "logits", None) == "ours"
     assert sample(vi, batch, "logits", None) == "ours"
+    # A grammar's mask is applied by our sampler too (SGLang's CPU verify is argmax).
+    assert patches._exact_sampling(original, vi, batch, "logits", "grammar") == "ours"
     # Each feature only SGLang's sampler handles sends the batch there.
-    assert patches._exact_sampling(original, vi, batch, "logits", "grammar") == "sglang"
     assert patches._exact_sampling(original, vi, batch, "l", None, watermark_state=1) == "sglang"
     spec.speculative_use_rejection_sampling = True
     assert patches._exact_sampling(original, vi, batch, "logits", None) == "sglang"

@@ -74,7 +74,7 @@ def _exact_sampling(
         and not args
         and takes_exact_path(verify_input, batch, grammar_mask, kwargs)
     ):
-        return exact_tree_sample(verify_input, batch, logits_output)
+        return exact_tree_sample(verify_input, batch, logits_output, grammar_mask)
     return original(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
 
 

@@ -156,18 +156,17 @@ def to_sglang_accept_layout(
 
 def takes_exact_path(verify_input: Any, batch: Any, grammar_mask: Any, kwargs: dict) -> bool:
     """Whether a LOOKAHEAD verify goes to our exact sampler: enabled, a non-greedy batch, and
-    none of the features SGLang's sampler handles that ours does not (grammar, watermark,
-    rejection sampling with draft probabilities, simulated acceptance). On CPU this is the
-    only exact path: SGLang's `eagle_sample` verifies every CPU batch greedily
-    (`_verify_uses_greedy`), so a sampled request would get argmax tokens."""
+    none of the features SGLang's sampler handles that ours does not (watermark, rejection
+    sampling with draft probabilities, simulated acceptance). On CPU this is the only exact
+    path: SGLang's `eagle_sample` verifies every CPU batch greedily (`_verify_uses_greedy`),
+    so a sampled request would get argmax tokens (a grammar's vocabulary mask is applied
+    here as there)."""
     from sglang.srt.runtime_context import get_spec
     from sglang.srt.speculative.spec_utils import SIMULATE_ACC_LEN
 
     if not verify_input.exact_sampling or verify_input.tree_tokens is None:
         return False
     if batch.forward_mode.is_idle() or batch.sampling_info.is_all_greedy:
-        return False
-    if grammar_mask is not None:
         return False
     if kwargs.get("watermark_state") is not None and batch.sampling_info.has_watermark_candidates:
         return False
@@ -202,12 +201,13 @@ def cpu_filtered_probs(probs: torch.Tensor, sampling_info: Any, width: int) -> t
 
 
 def exact_tree_sample(
-    verify_input: LookaheadVerifyInput, batch: Any, logits_output: Any
+    verify_input: LookaheadVerifyInput, batch: Any, logits_output: Any, grammar_mask: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """SGLang's `eagle_sample` for LOOKAHEAD's sampling batches, with exact tree verification.
 
-    Logit processing is SGLang's own (penalties, logit bias, temperature softmax, top-k and
-    top-p renormalisation, the seeded coins), so only the acceptance rule differs.
+    Logit processing is SGLang's own (penalties, logit bias, the grammar's vocabulary mask of
+    every tree node, temperature softmax, top-k and top-p renormalisation, the seeded coins),
+    so only the acceptance rule differs.
     """
     from sglang.srt.layers.dp_attention import is_dp_attention_enabled
     from sglang.srt.runtime_context import get_parallel
@@ -228,6 +228,8 @@ def exact_tree_sample(
         )
     if sampling_info.logit_bias is not None:
         logits.add_(torch.repeat_interleave(sampling_info.logit_bias, width, dim=0))
+    if grammar_mask is not None:
+        grammar_mask.apply(logits)
     temperature = torch.repeat_interleave(sampling_info.temperatures, width, dim=0)
     probs = eagle_utils.sampling_softmax(logits, temperatures=temperature)
     if not probs.is_cuda:
