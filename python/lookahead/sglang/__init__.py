@@ -66,8 +66,8 @@ def check_sglang_version(installed: str | None = None, skip: bool = False) -> st
 
 
 def register() -> None:
-    """SGLang plugin entry point: registers `LOOKAHEAD`, the `lora_compat` and
-    `corpus_*` endpoint patches and the CPU tree-attention backend (`lookahead.sglang.cpu_attention`).
+    """SGLang plugin entry point: registers `LOOKAHEAD`, the `lora_compat`, `corpus_*`
+    endpoint and `request_control` patches and the CPU tree-attention backend (`lookahead.sglang.cpu_attention`).
 
     Idempotent within a process. Raises `UnsupportedSGLangVersion` on an unsupported SGLang
     (SGLang's `load_plugins` logs it and starts without `LOOKAHEAD`).
@@ -85,7 +85,7 @@ def register() -> None:
     register_algorithm()
     register_backend()
     patches.register_patch("lora_compat")
-    for name in ("corpus_add", "corpus_remove", "corpus_list"):
+    for name in ("corpus_add", "corpus_remove", "corpus_list", "request_control"):
         patches.register_patch(name)
     _registered = True
     logger.info("lookahead: SGLang plugin registered (sglang %s)", version)

@@ -1,8 +1,8 @@
 """Host-side drafting for SGLang: keeps a `LookaheadCache` in step with the decode batch.
 
 Reads only these fields of SGLang's `Req`: `rid`, `origin_input_ids_unpadded` (the prompt
-before multimodal padding, as NGRAM uses), `output_ids` and `extra_key` (SGLang appends the
-LoRA id to it). No SGLang import, so it is usable and testable on its own.
+before multimodal padding, as NGRAM uses), `output_ids`, `extra_key` (SGLang appends the
+LoRA id to it) and `sampling_params.custom_params` (a pinned namespace). No SGLang import, so it is usable and testable on its own.
 
 Per decode step, for the whole batch: `sync` starts requests seen for the first time (the
 whole prompt is indexed, on the cache's background threads) and streams the verified tokens
@@ -21,6 +21,7 @@ import numpy as np
 
 from lookahead.cache import BatchDraft, LookaheadCache
 from lookahead.sglang.config import ServingConfig
+from lookahead.sglang.request_control import control_of
 
 __all__ = ["LookaheadDrafter"]
 
@@ -77,7 +78,11 @@ class LookaheadDrafter:
         )
 
     def namespace_of(self, req: Any) -> str:
-        """The trie namespace of `req` under the configured namespace mode."""
+        """The trie namespace of `req`: the one its `custom_params` pin
+        (`lookahead.sglang.request_control`), else the configured namespace mode's."""
+        pinned = control_of(req, self.config.width).namespace
+        if pinned is not None:
+            return self.namespace_of_key(pinned)
         mode = self.config.namespace
         if mode == "extra_key" and getattr(req, "extra_key", None):
             return self.namespace_of_key(req.extra_key)

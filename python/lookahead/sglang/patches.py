@@ -20,6 +20,10 @@
 - `corpus_note` (registered when a LOOKAHEAD worker is built): the reply to an added corpus
   says what SGLang's message cannot, that the corpus was cut at the capacity
   (`CorpusBook.note`).
+- `request_control` (registered by `register()`, used in the tokenizer manager): a
+  LOOKAHEAD server checks each request's `custom_params["lookahead"]` where SGLang checks its
+  other sampling parameters (`SamplingParams.verify`), so a bad one fails that request alone
+  with HTTP 400 (`lookahead.sglang.request_control`).
 - `save_at_exit` (registered when a LOOKAHEAD worker is built): a scheduler that exits
   gracefully (`release_host_resources`, after SGLang drained the requests on SIGTERM) lets
   the worker save its trie first (`lookahead.sglang.warm`).
@@ -43,6 +47,7 @@ CORPUS_MIXIN = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixi
 CORPUS_NOTE_TARGET = (
     "sglang.srt.speculative.external_corpus_manager.ExternalCorpusManager.check_pending_load"
 )
+VERIFY_PARAMS_TARGET = "sglang.srt.sampling.sampling_params.SamplingParams.verify"
 EXIT_TARGET = "sglang.srt.managers.scheduler.Scheduler.release_host_resources"
 
 _applied: set[str] = set()
@@ -107,6 +112,15 @@ def _corpus_note(original: Callable[..., Any], manager: Any, *args: Any, **kwarg
     return original(manager, *args, **kwargs)
 
 
+def _request_control(original: Callable[..., Any], params: Any, *args: Any, **kwargs: Any) -> Any:
+    out = original(params, *args, **kwargs)
+    if getattr(params, "custom_params", None) and _lookahead_serving():
+        from lookahead.sglang.request_control import check_sampling_params
+
+        check_sampling_params(params)
+    return out
+
+
 def _save_at_exit(original: Callable[..., Any], scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     on_exit = getattr(getattr(scheduler, "draft_worker", None), "lookahead_exit", None)
     if on_exit is not None:
@@ -125,6 +139,7 @@ PATCHES: dict[str, tuple[str, Callable[..., Any]]] = {
     "corpus_remove": (f"{CORPUS_MIXIN}.remove_external_corpus", _endpoint("serve_remove")),
     "corpus_list": (f"{CORPUS_MIXIN}.list_external_corpora", _endpoint("serve_list")),
     "corpus_note": (CORPUS_NOTE_TARGET, _corpus_note),
+    "request_control": (VERIFY_PARAMS_TARGET, _request_control),
     "save_at_exit": (EXIT_TARGET, _save_at_exit),
 }
 

@@ -20,10 +20,8 @@ Per decode step (`_prepare_for_speculative_decoding`, on the host before the gra
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -45,7 +43,9 @@ from lookahead.sglang import patches
 from lookahead.sglang.config import ServingConfig, read_env
 from lookahead.sglang.corpora import CorpusBook
 from lookahead.sglang.cpu_attention import TREE_SDPA_BACKEND
+from lookahead.sglang.draft_cuts import cut_drafts
 from lookahead.sglang.drafter import LookaheadDrafter
+from lookahead.sglang.observe import Observer
 from lookahead.sglang.overlap import pending_tokens
 from lookahead.sglang.verify import (
     LookaheadVerifyInput,
@@ -131,7 +131,8 @@ class LookaheadWorker(NGRAMWorker):
             self._narrow_steps = False
         elif attention_backend is not None:
             self._narrow_steps = attention_backend == TREE_SDPA_BACKEND
-        self._step_widths: Counter = Counter()
+        self.observer = Observer(config.stats_interval_s)
+        self._drafted = self._cut = 0  # this step's drafted nodes verified; nodes cut
         # The width of narrower CPU steps by cost (None: the fixed rule), and this step's
         # width when fixed before drafting (None: the sizer's to choose after drafting).
         self.sizer = BatchSizer(config.width) if config.sized_by_cost else None
@@ -150,19 +151,6 @@ class LookaheadWorker(NGRAMWorker):
         self.grammar_tree_host = None
         self.prev_token_ids: list[int] = []
         self.prev_accept_lens: list[int] = []
-        self._stats_due = time.monotonic() + config.stats_interval_s
-
-    def _maybe_log_stats(self) -> None:
-        """Every `stats_interval_s` seconds of decoding, one `lookahead: cache stats` line
-        (the trie's `stats()`: nodes against capacity, live requests, namespaces, hits)."""
-        interval = self.config.stats_interval_s
-        if interval <= 0 or time.monotonic() < self._stats_due:
-            return
-        self._stats_due = time.monotonic() + interval
-        stats = {**self.drafter.stats(), "verify_widths": dict(self._step_widths)}
-        if self.sizer is not None:
-            stats["sizer"] = self.sizer.describe(self._context)
-        logger.info("lookahead: cache stats %s", json.dumps(stats, sort_keys=True))
 
     # -- drafting ------------------------------------------------------------------------
 
@@ -198,7 +186,9 @@ class LookaheadWorker(NGRAMWorker):
         self._end_departed(batch)
         pending = self._pending_tokens(batch)
         roots = self.drafter.sync(batch.reqs, pending)
-        return self.drafter.draft([req.rid for req in batch.reqs], roots)
+        draft = self.drafter.draft([req.rid for req in batch.reqs], roots)
+        self._cut = cut_drafts(draft, batch.reqs, self.config.width)
+        return draft
 
     def _build_verify_tensors(self, batch: Any) -> tuple[np.ndarray, np.ndarray, VerifyTensors]:
         """Drafts and builds the verify tensors of a decode batch (no SGLang pools touched),
@@ -214,6 +204,7 @@ class LookaheadWorker(NGRAMWorker):
         if self._fixed_width is None:
             self.draft_token_num = self._sized_width(batch, draft, seq_lens_sum)
         width = self.draft_token_num
+        self._drafted = int(np.minimum(draft.num_nodes, width).sum()) - len(batch.reqs)
         if width < tokens.shape[1]:
             tokens = np.ascontiguousarray(tokens[:, :width])
             parents = np.ascontiguousarray(parents[:, :width])
@@ -288,11 +279,11 @@ class LookaheadWorker(NGRAMWorker):
         finally:
             self.draft_token_num = self.config.width
         if decode:
-            self._step_widths[width] += 1
+            lens = result.next_draft_input.accept_lens.tolist()
+            self.observer.step(width, bs, self._drafted, sum(lens), self._cut)
             if self._fixed_width is None:
                 forward_s = time.perf_counter() - start - self._prepare_s
                 ids = result.next_token_ids.view(bs, width).tolist()
-                lens = result.next_draft_input.accept_lens.tolist()
                 emitted = [row[:n] for row, n in zip(ids, lens)]
                 self.sizer.observe(forward_s, self._prepare_s, emitted)
         self._fixed_width = self.config.width
@@ -305,7 +296,7 @@ class LookaheadWorker(NGRAMWorker):
             return
         started = time.perf_counter()
         bs = len(batch.reqs)
-        self._maybe_log_stats()
+        self.observer.tick(self.drafter, self.sizer, self._context)
         if self.saver is not None:
             self.saver.tick(self.drafter.cache)
         tokens, parents, vt = self._build_verify_tensors(batch)
