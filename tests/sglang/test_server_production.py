@@ -180,6 +180,30 @@ def test_drafts_the_grammar_forbids_are_cut_before_the_verify(lookahead, referen
     assert after["lookahead_cut_nodes_total"] > before["lookahead_cut_nodes_total"]
 
 
+def test_top_p_top_k_and_min_p_requests_sample_on_cpu(lookahead):
+    """Top-p, top-k and min-p sampled requests, constrained or not, beside greedy ones: the
+    exact sampler filters them as SGLang's CPU sampler does (before, a top-p request ended
+    the scheduler: SGLang has no CPU top-p renorm kernel; found by the soak)."""
+    params = [
+        {"top_p": 0.9},
+        {"top_p": 0.8, "top_k": 5},
+        {"min_p": 0.1},
+        {"top_p": 0.95, **GRAMMARS["regex"]},
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(
+            pool.map(
+                lambda sp: lookahead.generate(
+                    PROMPTS[0], max_new_tokens=MAX_NEW, **{"temperature": 0.8, **sp}
+                ),
+                params + [{"temperature": 0}],
+            )
+        )
+    for sp, out in zip(params, outs):
+        assert out["output_ids"], sp
+    assert re.fullmatch(REGEX, outs[3]["text"]), outs[3]["text"]
+
+
 # -- per-request switches ------------------------------------------------------------------
 
 

@@ -232,16 +232,17 @@ def exact_tree_sample(
         grammar_mask.apply(logits)
     temperature = torch.repeat_interleave(sampling_info.temperatures, width, dim=0)
     probs = eagle_utils.sampling_softmax(logits, temperatures=temperature)
-    if not probs.is_cuda:
+    if not probs.is_cuda:  # SGLang has no CPU renorm kernels: top-k, top-p, min-p here
         probs = cpu_filtered_probs(probs, sampling_info, width)
-    elif sampling_info.need_top_k_sampling:
-        probs = eagle_utils.top_k_renorm_prob(
-            probs, torch.repeat_interleave(sampling_info.top_ks, width, dim=0)
-        )
-    if sampling_info.need_top_p_sampling:
-        probs = eagle_utils.top_p_renorm_prob(
-            probs, torch.repeat_interleave(sampling_info.top_ps, width, dim=0)
-        )
+    else:
+        if sampling_info.need_top_k_sampling:
+            probs = eagle_utils.top_k_renorm_prob(
+                probs, torch.repeat_interleave(sampling_info.top_ks, width, dim=0)
+            )
+        if sampling_info.need_top_p_sampling:
+            probs = eagle_utils.top_p_renorm_prob(
+                probs, torch.repeat_interleave(sampling_info.top_ps, width, dim=0)
+            )
     probs = probs.reshape(bs, width, -1)
     coins, _ = eagle_utils._verify_coins(
         sampling_info=sampling_info,
