@@ -158,3 +158,66 @@ def test_byte_bound_holds_after_every_op(ops, seed):
         assert s["nodes"] <= 3_000
         assert s["bytes"] <= bound(s), s
     c.check_invariants()
+
+
+# -- a byte budget: capacity_bytes ----------------------------------------------------------
+
+
+def test_a_byte_budget_holds_under_a_hostile_multi_tenant_stream():
+    """Many tenants' random text (the worst case for bytes per node: no shared n-grams,
+    every namespace filled past its share), prompts and outputs of live requests: bytes and
+    RSS growth stay within the budget plus the stated slack (8 KiB per live request, the
+    process's spare arena segments, allocator rounding)."""
+    budget = 24 << 20
+    r = run_child(
+        f"""
+        budget = {budget}
+        c = LookaheadCache(capacity_bytes=budget, capacity_nodes=10_000_000)
+        rng = np.random.default_rng(0)
+        r0 = rss()
+        worst = 0
+        for j in range(40):
+            c.add_history([rng.integers(0, 32000, size=60_000)], namespace=f"hot-{{j % 14}}")
+            c.start_request(j, rng.integers(0, 32000, size=20_000), namespace=f"t-{{j}}")
+            c.extend(j, rng.integers(0, 32000, size=2_000))
+            if j >= 4:
+                c.finish_request(j - 4)
+            worst = max(worst, c.stats()["bytes"])
+        for j in range(2_000):  # many small tenants
+            c.add_history([rng.integers(0, 32000, size=40)], namespace=f"small-{{j}}")
+            worst = max(worst, c.stats()["bytes"])
+        c.check_invariants()
+        print(json.dumps({{"stats": c.stats(), "worst": worst, "rss": rss() - r0}}))
+        """
+    )
+    s = r["stats"]
+    live = 4
+    slack = BYTES_PER_HOLDER * live
+    assert s["capacity_bytes"] == budget and s["capacity_nodes"] < budget // 200, s
+    assert budget // 8 <= r["worst"] <= budget + slack, r  # used, and within it
+    assert r["rss"] <= budget + slack + SPARE_SEGMENTS_BYTES + (8 << 20), r
+    assert s["evicted_nodes"] > 0 and s["namespaces"] <= budget // 8 // BYTES_PER_HOLDER, s
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, min_size=1, max_size=60), seed=st.integers(0, 2**16))
+def test_a_byte_budget_holds_after_every_op(ops, seed):
+    budget = 1 << 20
+    rng = np.random.default_rng(seed)
+    c = LookaheadCache(capacity_bytes=budget, max_depth=8, background_indexing=False)
+    live: set[int] = set()
+    for kind, k, n in ops:
+        ns = f"ns-{k}"
+        if kind == "hist":
+            c.add_history([rng.integers(0, 5000, size=n * 10)], namespace=ns)
+        elif kind == "start" and k not in live:
+            c.start_request(k, rng.integers(0, 5000, size=n * 10), namespace=ns)
+            live.add(k)
+        elif kind == "extend" and k in live:
+            c.extend(k, rng.integers(0, 5000, size=n))
+        elif kind == "finish" and k in live:
+            c.finish_request(k, keep_prompt=n)
+            live.discard(k)
+        s = c.stats()
+        assert s["bytes"] <= budget + BYTES_PER_HOLDER * s["live_requests"], s
+    c.check_invariants()

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULTS",
     "MAX_BUDGET",
     "MAX_CAPACITY_NODES",
+    "MIN_CAPACITY_BYTES",
     "MAX_DEPTH",
     "MAX_IDS_PER_CALL",
     "MAX_INDEX_THREADS",
@@ -33,6 +34,7 @@ __all__ = [
 DEFAULTS: dict[str, Any]
 MAX_BUDGET: int
 MAX_CAPACITY_NODES: int
+MIN_CAPACITY_BYTES: int
 MAX_DEPTH: int
 MAX_IDS_PER_CALL: int  # token ids one call takes at most (longer inputs: InvalidInput)
 MAX_INDEX_THREADS: int
@@ -77,6 +79,7 @@ class Cache:
         recycle_slots: int,
         recycle_weight: float,
         corpus_weight: float,
+        capacity_bytes: int,
     ) -> Cache: ...
     def config(self) -> dict[str, Any]: ...
     def start_request(self, rid: _Rid, prompt: _Tokens, namespace: str) -> None: ...

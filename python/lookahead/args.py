@@ -100,6 +100,7 @@ def core_knobs(
     recycle_slots: Any,
     recycle_weight: Any,
     corpus_weight: Any,
+    capacity_bytes: Any = 0,
 ) -> tuple:
     """`LookaheadCache`'s knobs checked for type (the core checks their ranges) and
     converted, in the order `_core.Cache` takes them."""
@@ -109,6 +110,7 @@ def core_knobs(
         ("index_threads", index_threads),
         ("recycle_k", recycle_k),
         ("recycle_slots", recycle_slots),
+        ("capacity_bytes", capacity_bytes),
     ):
         if not is_int(v) or not 0 <= v < 2**63:
             raise InvalidInput(f"{name} must be a non-negative int below 2**63, got {v!r}")
@@ -150,6 +152,7 @@ def core_knobs(
         int(recycle_slots),
         float(recycle_weight),
         float(corpus_weight),
+        int(capacity_bytes),
     )
 
 

@@ -101,6 +101,10 @@ class LookaheadCache:
             draft (from its own text and history together) where both answer (above 0, at
             most 1e6): a path's score is the weighted mean of its scores in each (0 where
             one lacks it), and the best `budget` paths are kept.
+        capacity_bytes: a hard bound on `stats()["bytes"]` (0, the default: none; else at
+            least 1 MiB), plus 8 KiB per live request; kept by the worst case per node and
+            per namespace, so a typical stream fills about a quarter of it
+            (docs/interfaces.md, "Memory", "A byte budget").
 
     All methods are thread-safe and release the GIL while the Rust core works.
     """
@@ -119,6 +123,7 @@ class LookaheadCache:
         recycle_slots: int = _DEFAULTS["recycle_slots"],
         recycle_weight: float = _DEFAULTS["recycle_weight"],
         corpus_weight: float = _DEFAULTS["corpus_weight"],
+        capacity_bytes: int = _DEFAULTS["capacity_bytes"],
         *,
         _core_cache: _core.Cache | None = None,
         **renamed: Any,
@@ -141,6 +146,7 @@ class LookaheadCache:
                 recycle_slots,
                 recycle_weight,
                 corpus_weight,
+                capacity_bytes,
             )
         )
 
@@ -299,8 +305,8 @@ class LookaheadCache:
         self._c.add_history(list(corpus), namespace)
 
     def stats(self) -> dict[str, int]:
-        """nodes, history_nodes, own_nodes, corpus_nodes, capacity_nodes, bytes,
-        live_requests, pending_prompts, namespaces, corpora, hits, misses, evicted_nodes,
+        """nodes, history_nodes, own_nodes, corpus_nodes, capacity_nodes (under
+        `capacity_bytes`, the node capacity it allows), capacity_bytes, bytes, live_requests, pending_prompts, namespaces, corpora, hits, misses, evicted_nodes,
         truncated_prompts, recycled_keys.
 
         `own_nodes` counts the live requests' own tries: their prompts' n-grams and those

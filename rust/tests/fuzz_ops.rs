@@ -107,7 +107,15 @@ fn worker(c: &Cache, seed: u64, deadline: Instant, capacity: u64) -> u64 {
             assert!(expected(&e), "unexpected error {e:?}");
         }
         c.check_invariants().unwrap();
-        assert!(c.stats().nodes <= capacity);
+        let s = c.stats();
+        assert!(s.nodes <= capacity);
+        if s.capacity_bytes > 0 {
+            // The byte budget, plus its stated slack per live request.
+            assert!(
+                s.bytes <= s.capacity_bytes + (8 << 10) * s.live_requests,
+                "{s:?}"
+            );
+        }
         ops += 1;
     }
     ops
@@ -147,6 +155,7 @@ fn fuzz_random_operations_from_threads() {
             recycle_slots: [1, 16, 1000][rng.below(3) as usize],
             recycle_weight: [0.5, 1.0][rng.below(2) as usize],
             corpus_weight: [0.5, 2.0][rng.below(2) as usize],
+            capacity_bytes: [0, 0, 1 << 20, 4 << 20][rng.below(4) as usize],
         };
         let c = Arc::new(Cache::new(cfg).unwrap());
         let round_end = (Instant::now() + Duration::from_millis(300)).min(deadline);

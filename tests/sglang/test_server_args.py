@@ -249,6 +249,17 @@ def test_external_corpus_flags_are_ngrams(plugins_loaded, monkeypatch, tmp_path)
         resolve(argv, monkeypatch, '{"corpus_scope": "by_id", "namespace": "shared"}')
 
 
+def test_a_byte_budget_is_checked_at_start_up(plugins_loaded, monkeypatch):
+    from lookahead.sglang import LookaheadConfigError
+
+    argv = ["--speculative-algorithm", "LOOKAHEAD", "--device", "cuda"]
+    for bad in ("1000", "-1", '"1GB"', "true"):
+        with pytest.raises(LookaheadConfigError, match="capacity_bytes must"):
+            resolve(argv, monkeypatch, f'{{"capacity_bytes": {bad}}}')
+    _, get = resolve(argv, monkeypatch, '{"capacity_bytes": 67108864}')
+    assert serving_config(get).capacity_bytes == 64 << 20
+
+
 def test_warm_restart_paths_are_checked_at_start_up(plugins_loaded, monkeypatch, tmp_path):
     import json
 

@@ -53,6 +53,7 @@ NAMESPACE_MODES = ("shared", "extra_key", "request")
 # before any scheduler process starts.
 MAX_WEIGHT = _core.MAX_WEIGHT
 MAX_CAPACITY_NODES = _core.MAX_CAPACITY_NODES
+MIN_CAPACITY_BYTES = _core.MIN_CAPACITY_BYTES
 
 # LOOKAHEAD_CONFIG keys and their defaults.
 EXTRA_KEYS: dict[str, Any] = {
@@ -84,6 +85,9 @@ EXTRA_KEYS: dict[str, Any] = {
     # (`LookaheadCache`'s corpus_weight), and which requests a corpus serves ("all", "by_id").
     "corpus_weight": _core.DEFAULTS["corpus_weight"],
     "corpus_scope": "all",
+    # A hard bound on the trie's bytes per scheduler (0: none; `LookaheadCache`'s
+    # capacity_bytes: kept by the worst case, so a typical stream fills about a quarter).
+    "capacity_bytes": 0,
     # Warm restarts (`lookahead.sglang.warm`): where to save the trie (at a clean shutdown,
     # and every save_interval_s seconds unless 0), and the file to start from.
     "save": None,
@@ -178,6 +182,16 @@ def _interval(v: Any) -> float:
     return s
 
 
+def _capacity_bytes(v: Any) -> int:
+    v = _int("capacity_bytes", v, 0)
+    if 0 < v < MIN_CAPACITY_BYTES:
+        raise LookaheadConfigError(
+            f"{CONFIG_ENV}: capacity_bytes must be 0 (none) or at least {MIN_CAPACITY_BYTES} "
+            f"(1 MiB), got {v}"
+        )
+    return v
+
+
 def _skip(v: Any) -> tuple[int, int] | None:
     if v is None:
         return None
@@ -214,6 +228,7 @@ class ServingConfig:
     history_skip: tuple[int, int] | None
     stats_interval_s: float = 60.0
     max_verify_rows: int | None = None
+    capacity_bytes: int = 0
     corpora: CorpusConfig = CorpusConfig()
     warm: WarmConfig = WarmConfig()
     model_ranks: int = 1  # TP x PP of the server (`for_ranks`)
@@ -318,6 +333,7 @@ class ServingConfig:
                 if extra["max_verify_rows"] is None
                 else _int("max_verify_rows", extra["max_verify_rows"], 1, 1 << 20)
             ),
+            capacity_bytes=_capacity_bytes(extra["capacity_bytes"]),
             corpora=CorpusConfig.from_args(
                 args,
                 extra,

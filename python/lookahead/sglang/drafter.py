@@ -75,6 +75,7 @@ class LookaheadDrafter:
             index_threads=c.index_threads,
             history_skip=c.history_skip,
             corpus_weight=c.corpora.weight,
+            capacity_bytes=c.capacity_bytes,
         )
 
     def namespace_of(self, req: Any) -> str:

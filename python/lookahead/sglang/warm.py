@@ -51,6 +51,7 @@ MATCHED = (
     "keep_prompt_as_history",
     "history_skip",
     "corpus_weight",
+    "capacity_bytes",
 )
 
 

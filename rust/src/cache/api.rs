@@ -37,6 +37,8 @@ pub struct Stats {
     /// Nodes of the live requests' own tries (their prompts, then their outputs).
     pub own_nodes: u64,
     pub capacity_nodes: u64,
+    /// The byte budget (`Config::capacity_bytes`; 0: none).
+    pub capacity_bytes: u64,
     pub bytes: u64,
     pub live_requests: u64,
     pub pending_prompts: u64,
@@ -80,7 +82,7 @@ impl Cache {
         };
         let recycled = RwLock::new(Recycled::new(cfg.recycle_k, cfg.recycle_slots));
         let shared = Arc::new(Shared {
-            budget: Arc::new(Budget::new(cfg.capacity_nodes)),
+            budget: Arc::new(Budget::new(cfg.node_capacity())),
             background: pool.as_ref().map(|p| Mutex::new(p.queue())),
             cfg,
             namespaces: RwLock::new(FxHashMap::default()),

@@ -36,6 +36,22 @@ pub const NAMESPACE_SHARE: u64 = 2;
 /// prompt is indexed up to there): one huge prompt cannot evict every tenant's history.
 pub const PROMPT_SHARE: u64 = 4;
 
+/// Bytes one capacity node costs at worst (whole arena segments, free slots awaiting
+/// compaction, side tables): the bound `tests/test_cache_memory.py` checks after every
+/// operation of any stream. About 62 are typical.
+pub const WORST_BYTES_PER_NODE: u64 = 256;
+
+/// Bytes one namespace or live request costs at worst besides its nodes (its bookkeeping
+/// and its first arena segment).
+pub const WORST_BYTES_PER_HOLDER: u64 = 8 << 10;
+
+/// Under `capacity_bytes`, namespaces' own bookkeeping gets `1 / HOLDER_SHARE` of the bytes
+/// (so at most that many bytes' worth of namespaces exist), the nodes the rest.
+pub const HOLDER_SHARE: u64 = 8;
+
+/// Smallest `capacity_bytes` accepted (0 = no byte budget).
+pub const MIN_CAPACITY_BYTES: u64 = 1 << 20;
+
 /// The default `history_skip`: a 3-6 token match in the shared history is left out of the
 /// draft (simulator, B = 16: 2.772 -> 2.794 tokens per step, no category down; repeated
 /// requests still copy their whole earlier answer; research/README.md).
@@ -65,6 +81,10 @@ pub struct Config {
     /// Weight of a corpus's draft against the request's own draft (from its own text and its
     /// namespace's history, taken together) where both answer (see `draft::mix`).
     pub corpus_weight: f64,
+    /// A bound on the cache's bytes, all namespaces together (0: none; `capacity_nodes`
+    /// alone bounds it): the node capacity and the namespaces are cut to what fits at the
+    /// worst case per node and per namespace (`node_capacity`, `max_namespaces`).
+    pub capacity_bytes: u64,
 }
 
 /// Default `recycle_slots`: 2**18 keys (about 36 MB at `recycle_k = 8`, once full).
@@ -88,6 +108,7 @@ impl Default for Config {
             recycle_slots: DEFAULT_RECYCLE_SLOTS,
             recycle_weight: 0.5,
             corpus_weight: 1.0,
+            capacity_bytes: 0,
         }
     }
 }
@@ -96,6 +117,40 @@ impl Config {
     /// Whether recycled predictions are kept (and drafts read them).
     pub fn recycles(&self) -> bool {
         self.recycle_k > 0 && self.recycle_slots > 0
+    }
+
+    /// Bytes the recycled-prediction table holds at most, once full.
+    pub fn recycle_bytes_max(&self) -> u64 {
+        if self.recycles() {
+            self.recycle_slots as u64 * (8 * self.recycle_k as u64 + 75)
+        } else {
+            0
+        }
+    }
+
+    /// Bytes of `capacity_bytes` left for trie nodes (after namespaces' bookkeeping and the
+    /// recycled predictions), if a byte budget is set.
+    fn node_bytes(&self) -> Option<u64> {
+        (self.capacity_bytes > 0).then(|| {
+            (self.capacity_bytes - self.capacity_bytes / HOLDER_SHARE)
+                .saturating_sub(self.recycle_bytes_max())
+        })
+    }
+
+    /// The nodes the budget holds: `capacity_nodes`, and under `capacity_bytes` at most
+    /// what its node share fits at `WORST_BYTES_PER_NODE`.
+    pub fn node_capacity(&self) -> u64 {
+        match self.node_bytes() {
+            Some(b) => (b / WORST_BYTES_PER_NODE).clamp(1, self.capacity_nodes),
+            None => self.capacity_nodes,
+        }
+    }
+
+    /// Under `capacity_bytes`, the most namespaces kept at once (beyond it, unused ones go
+    /// whole, least recently queued first).
+    pub fn max_namespaces(&self) -> Option<usize> {
+        (self.capacity_bytes > 0)
+            .then(|| (self.capacity_bytes / HOLDER_SHARE / WORST_BYTES_PER_HOLDER).max(1) as usize)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -111,6 +166,24 @@ impl Config {
                 "capacity_nodes must be in 1..2**32-2, got {}",
                 self.capacity_nodes
             ));
+        }
+        if self.capacity_bytes != 0 && self.capacity_bytes < MIN_CAPACITY_BYTES {
+            return bad(format!(
+                "capacity_bytes must be 0 (none) or at least {MIN_CAPACITY_BYTES}, got {}",
+                self.capacity_bytes
+            ));
+        }
+        if let Some(b) = self.node_bytes() {
+            if b < MIN_CAPACITY_BYTES / 2 {
+                return bad(format!(
+                    "capacity_bytes {} leaves {b} bytes for trie nodes once recycled \
+                     predictions (up to {} bytes: recycle_slots x (8 x recycle_k + 75)) and \
+                     namespaces (1/{HOLDER_SHARE}) have theirs; at least {} are needed",
+                    self.capacity_bytes,
+                    self.recycle_bytes_max(),
+                    MIN_CAPACITY_BYTES / 2
+                ));
+            }
         }
         if self.index_threads > MAX_INDEX_THREADS {
             return bad(format!(

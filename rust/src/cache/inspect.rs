@@ -18,6 +18,7 @@ impl Cache {
     pub fn stats(&self) -> Stats {
         let mut s = Stats {
             capacity_nodes: self.shared.budget.capacity(),
+            capacity_bytes: self.shared.cfg.capacity_bytes,
             hits: self.shared.hits.load(Ordering::Relaxed),
             misses: self.shared.misses.load(Ordering::Relaxed),
             evicted_nodes: self.shared.evicted.load(Ordering::Relaxed),

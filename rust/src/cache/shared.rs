@@ -112,6 +112,9 @@ impl Shared {
         if let Some(ns) = read(&self.namespaces).get(name) {
             return take(ns);
         }
+        if let Some(max) = self.cfg.max_namespaces() {
+            self.shed_namespaces(max.saturating_sub(1));
+        }
         let mut all = write(&self.namespaces);
         if let Some(ns) = all.get(name) {
             return take(ns);
@@ -124,6 +127,29 @@ impl Shared {
         lock(&self.ring).push_back(ns);
         self.tidy();
         got
+    }
+
+    /// Under a byte budget: drops unused namespaces whole, in ring order, until at most
+    /// `keep` remain (looking at no more than `2 * MAX_LOOKS`; namespaces in use stay, each
+    /// with its live requests).
+    fn shed_namespaces(&self, keep: usize) {
+        for _ in 0..2 * MAX_LOOKS {
+            if read(&self.namespaces).len() <= keep {
+                return;
+            }
+            let Some(ns) = lock(&self.ring).pop_front() else {
+                return;
+            };
+            if ns.dropped.load(Ordering::Acquire) {
+                continue;
+            }
+            let dropped = self.try_drop(&ns, u64::MAX);
+            if dropped > 0 {
+                self.evicted.fetch_add(dropped - 1, Ordering::Relaxed);
+            } else if !ns.dropped.load(Ordering::Acquire) {
+                self.requeue(ns);
+            }
+        }
     }
 
     /// Looks at the first `TIDY_LOOKS` ring entries: stale ones and unused empty

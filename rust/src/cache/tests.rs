@@ -478,3 +478,64 @@ fn wait_idle(c: &Cache) {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
+
+#[test]
+fn a_byte_budget_bounds_nodes_and_namespaces_by_the_worst_case() {
+    use super::config::{HOLDER_SHARE, WORST_BYTES_PER_HOLDER, WORST_BYTES_PER_NODE};
+    let bytes = 4u64 << 20;
+    let c = Cache::new(Config {
+        capacity_bytes: bytes,
+        ..cfg(4, 1 << 30, false)
+    })
+    .unwrap();
+    let nodes = (bytes - bytes / HOLDER_SHARE) / WORST_BYTES_PER_NODE;
+    let max_ns = bytes / HOLDER_SHARE / WORST_BYTES_PER_HOLDER;
+    let s = c.stats();
+    assert_eq!((s.capacity_nodes, s.capacity_bytes), (nodes, bytes));
+    // Many tenants, each a little history: namespaces past the share go whole, oldest first.
+    for t in 0..3 * max_ns {
+        let text: Vec<u32> = (0..50).map(|i| (i * 7 + t as u32) % 97).collect();
+        c.add_history(&[text], &format!("tenant-{t}")).unwrap();
+        let s = c.stats();
+        assert!(
+            s.namespaces <= max_ns,
+            "{} namespaces > {max_ns}",
+            s.namespaces
+        );
+        assert!(s.bytes <= bytes, "{} bytes > {bytes}", s.bytes);
+        c.check_invariants().unwrap();
+    }
+    assert!(c.stats().evicted_nodes > 0);
+    // The newest tenants are the ones kept.
+    let kept = c.namespaces();
+    assert!(kept
+        .iter()
+        .any(|n| n.name == format!("tenant-{}", 3 * max_ns - 1)));
+    assert!(!kept.iter().any(|n| n.name == "tenant-0"));
+}
+
+#[test]
+fn a_byte_budget_is_checked() {
+    for (bytes, ok) in [
+        (0, true),
+        (1, false),
+        ((1 << 20) - 1, false),
+        (1 << 20, true),
+    ] {
+        let r = Cache::new(Config {
+            capacity_bytes: bytes,
+            ..Config::default()
+        });
+        assert_eq!(r.is_ok(), ok, "{bytes}");
+    }
+    // Recycled predictions take their bytes first: too little left for nodes is refused.
+    let r = Cache::new(Config {
+        capacity_bytes: 16 << 20,
+        recycle_k: 8,
+        ..Config::default()
+    });
+    let Err(Error::InvalidInput(m)) = r else {
+        panic!("accepted")
+    };
+    assert!(m.contains("recycle_slots"), "{m}");
+}

@@ -1,12 +1,12 @@
 //! save / load of the shared histories (a warm start). Prompts of live requests are not saved.
 //!
-//! Format, little-endian, version 5:
+//! Format, little-endian, version 6:
 //! ```text
 //! magic  b"LKAHSAV3"  | version u32 | max_depth u32 | capacity_nodes u64
 //! own_weight f64   | history_weight f64 | keep_prompt_as_history u8 | background_indexing u8
 //! history_skip lo u32 | hi u32 (0, 0: none)
 //! recycle_k u32 | recycle_slots u64 | recycle_weight f64
-//! corpus_weight f64 | meta: has u8, then len u32 | meta (UTF-8)
+//! corpus_weight f64 | capacity_bytes u64 | meta: has u8, then len u32 | meta (UTF-8)
 //! namespaces u32, then per namespace:
 //!   name_len u32 | name (UTF-8) | trie
 //! corpora u32, then per corpus:
@@ -16,7 +16,8 @@
 //! ```
 //! `meta` is the saver's own text (the SGLang plugin keeps the tokenizer's fingerprint
 //! there), handed back by `load`. Version 4 (no corpus_weight, meta or corpora) loads with
-//! the default corpus weight, no meta and no corpora.
+//! the default corpus weight, no meta and no corpora; version 5 (no capacity_bytes) with no
+//! byte budget.
 //! The checksum is FNV-1a 64 over every byte before it. Each step of FNV-1a is a bijection
 //! of the state, so any change confined to one byte always changes it; other damage goes
 //! unnoticed with probability about 2^-64 (it guards against corruption, not an attacker).
@@ -59,9 +60,11 @@ const MAGIC: &[u8; 8] = b"LKAHSAV3";
 /// Magic of versions 1 and 2.
 const LEGACY_MAGIC: &[u8; 8] = b"LKAHTRIE";
 const END: &[u8; 4] = b"END!";
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 /// The first version with corpora, `corpus_weight` and meta.
 const WITH_CORPORA: u32 = 5;
+/// The first version with `capacity_bytes`.
+const WITH_BYTES: u32 = 6;
 /// Longest `meta` text, in bytes.
 pub const MAX_META_BYTES: usize = 1 << 20;
 /// The first version with a checksum (and `MAGIC`).
@@ -280,6 +283,7 @@ fn write_body(cache: &Cache, w: &mut impl Write, meta: Option<&str>) -> std::io:
     w.write_all(&(c.recycle_slots as u64).to_le_bytes())?;
     w.write_all(&c.recycle_weight.to_le_bytes())?;
     w.write_all(&c.corpus_weight.to_le_bytes())?;
+    w.write_all(&c.capacity_bytes.to_le_bytes())?;
     write_text(w, meta)?;
     let all = cache.namespaces();
     w.write_all(&(all.len() as u32).to_le_bytes())?;
@@ -531,12 +535,13 @@ fn read_body<R: Read>(
         let d = Config::default();
         (d.recycle_k, d.recycle_slots, d.recycle_weight)
     };
-    let (corpus_weight, meta) = if version >= WITH_CORPORA {
+    let (corpus_weight, capacity_bytes, meta) = if version >= WITH_CORPORA {
         let w = r.f64()?;
+        let bytes = if version >= WITH_BYTES { r.u64()? } else { 0 };
         let meta = r.optional_text(MAX_META_BYTES, "its meta")?;
-        (w, meta)
+        (w, bytes, meta)
     } else {
-        (Config::default().corpus_weight, None)
+        (Config::default().corpus_weight, 0, None)
     };
     let cfg = Config {
         max_depth,
@@ -551,6 +556,7 @@ fn read_body<R: Read>(
         recycle_slots,
         recycle_weight,
         corpus_weight,
+        capacity_bytes,
     };
     let mut cache = Cache::new(cfg).map_err(|e| match e {
         Error::InvalidInput(m) => r.damaged(&format!("it holds a bad configuration: {m}")),

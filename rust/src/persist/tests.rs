@@ -86,25 +86,30 @@ fn versions_3_and_4_load_with_the_defaults_they_lack() {
     let dir = scratch("v3");
     let path = dir.join("h.bin");
     save(&c, &path, None).unwrap();
-    let v5 = std::fs::read(&path).unwrap();
+    let v6 = std::fs::read(&path).unwrap();
     // After the 50 bytes of magic, version and version 3's config: the recycle settings (20
-    // bytes, from version 4), corpus_weight and meta's flag (9 bytes, from version 5); before
-    // the end marker, the corpora count (version 5).
-    let end = v5.len() - 16;
-    let older = |version: u32, config_end: usize| {
-        let body = [
-            &v5[..8],
-            &version.to_le_bytes(),
-            &v5[12..config_end],
-            &v5[79..end - 8],
-            &v5[end - 4..end],
-        ]
-        .concat();
+    // bytes, from version 4), corpus_weight (8 bytes, from version 5), capacity_bytes (8,
+    // from version 6) and meta's flag (1, from version 5); before the end marker, the
+    // corpora count (version 5).
+    let end = v6.len() - 16;
+    let seal = |body: Vec<u8>| {
         let len = (body.len() as u64 + 16).to_le_bytes();
         let body = [&body[..], &len].concat();
         let hash = fnv1a(FNV_OFFSET, &body).to_le_bytes();
         std::fs::write(&path, [&body[..], &hash].concat()).unwrap();
         load(&path, None, None, false).unwrap()
+    };
+    let older = |version: u32, config_end: usize| {
+        seal(
+            [
+                &v6[..8],
+                &version.to_le_bytes(),
+                &v6[12..config_end],
+                &v6[87..end - 8],
+                &v6[end - 4..end],
+            ]
+            .concat(),
+        )
     };
     let d = Config::default();
     let old = older(3, 50);
@@ -120,6 +125,9 @@ fn versions_3_and_4_load_with_the_defaults_they_lack() {
     assert_eq!((got.recycle_k, got.corpus_weight), (4, d.corpus_weight));
     assert_eq!((v4.stats().nodes, v4.corpora().len()), (c.stats().nodes, 0));
     assert_eq!(v4.saved_meta(), None);
+    let v5 = seal([&v6[..8], &5u32.to_le_bytes(), &v6[12..78], &v6[86..end]].concat());
+    assert_eq!(v5.config().capacity_bytes, 0);
+    assert_eq!(v5.stats().nodes, c.stats().nodes);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -53,6 +53,7 @@ pub(super) fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'p
     d.set_item("recycle_slots", c.recycle_slots)?;
     d.set_item("recycle_weight", c.recycle_weight)?;
     d.set_item("corpus_weight", c.corpus_weight)?;
+    d.set_item("capacity_bytes", c.capacity_bytes)?;
     Ok(d)
 }
 
@@ -78,7 +79,7 @@ impl PyCache {
     #[allow(clippy::too_many_arguments)]
     // Every knob is required: the defaults live in `Config::default()` alone (`DEFAULTS`),
     // which the Python wrapper's signature reads.
-    #[pyo3(signature = (max_depth, capacity_nodes, own_weight, history_weight, keep_prompt_as_history, background_indexing, index_threads, history_skip, recycle_k, recycle_slots, recycle_weight, corpus_weight))]
+    #[pyo3(signature = (max_depth, capacity_nodes, own_weight, history_weight, keep_prompt_as_history, background_indexing, index_threads, history_skip, recycle_k, recycle_slots, recycle_weight, corpus_weight, capacity_bytes))]
     fn new(
         py: Python<'_>,
         max_depth: usize,
@@ -93,9 +94,11 @@ impl PyCache {
         recycle_slots: usize,
         recycle_weight: f64,
         corpus_weight: f64,
+        capacity_bytes: u64,
     ) -> PyResult<Self> {
         let cfg = Config {
             corpus_weight,
+            capacity_bytes,
             recycle_k,
             recycle_slots,
             recycle_weight,
@@ -363,6 +366,7 @@ impl PyCache {
         d.set_item("history_nodes", s.history_nodes)?;
         d.set_item("own_nodes", s.own_nodes)?;
         d.set_item("capacity_nodes", s.capacity_nodes)?;
+        d.set_item("capacity_bytes", s.capacity_bytes)?;
         d.set_item("bytes", s.bytes)?;
         d.set_item("live_requests", s.live_requests)?;
         d.set_item("pending_prompts", s.pending_prompts)?;

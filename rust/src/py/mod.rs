@@ -27,6 +27,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_DEPTH", crate::cache::MAX_DEPTH)?;
     m.add("MAX_WEIGHT", crate::cache::MAX_WEIGHT)?;
     m.add("MAX_CAPACITY_NODES", crate::cache::MAX_CAPACITY_NODES)?;
+    m.add("MIN_CAPACITY_BYTES", crate::cache::MIN_CAPACITY_BYTES)?;
     m.add("MAX_INDEX_THREADS", crate::cache::MAX_INDEX_THREADS)?;
     m.add("MAX_RECYCLE_K", crate::recycle::MAX_WIDTH)?;
     m.add("MAX_RECYCLE_SLOTS", crate::cache::MAX_RECYCLE_SLOTS)?;
