@@ -13,6 +13,11 @@ outputs equal the no-speculation server's token for token.
     python -m benchmarks.sglang_cpu_serving                      # the default model
     python -m benchmarks.sglang_cpu_serving --per-category 2 --concurrency 1 4 16 \\
         --json benchmarks/results/sglang_cpu_serving.json
+    python -m benchmarks.sglang_cpu_serving --constraint json ...   # structured output
+
+`--constraint json` sends every request with a JSON schema (`ANSWER_SCHEMA`, xgrammar), and
+without `ignore_eos` (a finished grammar allows only the end of text), so rows compare
+constrained decoding with and without speculation.
 
 The default model is SmolLM2-135M-Instruct (`lookahead.models.default_model_path()`, fetched
 and converted once). SGLang's own `bench_serving` is not used: its dataset loaders import HF
@@ -42,6 +47,15 @@ SETTINGS = {
     # LOOKAHEAD with the fixed rule the sizer replaced: 64 verify rows per CPU step
     "lookahead-rows64": ["--speculative-algorithm", "LOOKAHEAD"],
 }
+# The schema of `--constraint json`: an answer and its key points.
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string"},
+        "points": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["answer", "points"],
+}
 # LOOKAHEAD_CONFIG of a setting (`--lookahead-config` adds to it).
 SETTING_CONFIG = {"lookahead-rows64": {"max_verify_rows": 64}}
 
@@ -56,6 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--num-draft-tokens", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="torch threads per server")
+    p.add_argument("--constraint", choices=["none", "json"], default="none")
     p.add_argument("--lookahead-config", help="LOOKAHEAD_CONFIG JSON for the lookahead server")
     p.add_argument("--json", help="write rows and settings here")
     p.add_argument("--log-dir", help="keep server logs here (default: a temp folder)")
@@ -78,10 +93,19 @@ def prompts_of(args, model_path: Path) -> list[tuple[str, str]]:
     return out
 
 
-def run_batch(server: CpuServer, prompts, concurrency: int, output_len: int):
+def request_params(constraint: str) -> dict:
+    """Sampling params of every request under `--constraint`."""
+    if constraint == "json":
+        return {"json_schema": json.dumps(ANSWER_SCHEMA)}
+    return {"ignore_eos": True}
+
+
+def run_batch(server: CpuServer, prompts, concurrency: int, output_len: int, params=None):
+    params = {"ignore_eos": True} if params is None else params
+
     def one(text):
         t0 = time.perf_counter()
-        r = server.generate(text, max_new_tokens=output_len, ignore_eos=True)
+        r = server.generate(text, max_new_tokens=output_len, **params)
         return r, time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -159,7 +183,9 @@ def main(argv=None) -> int:
             server_args = extra + list(args.server_args)
             with CpuServer(model_path, server_args, log, env=server_env) as server:
                 server.generate("Hello", max_new_tokens=8)  # warm-up
-                results, wall = run_batch(server, prompts, c, args.output_len)
+                results, wall = run_batch(
+                    server, prompts, c, args.output_len, request_params(args.constraint)
+                )
                 stats = server.stats_lines() if ours else []
             ref = reference.get(c)
             if setting == "none":

@@ -314,6 +314,7 @@ def test_metrics_move_with_the_traffic(lookahead):
     # Every verify step emits its accepted tokens and one more (the last may pass the limit).
     emitted = moved["lookahead_emitted_tokens_total"]
     assert meta["completion_tokens"] - 1 <= emitted <= meta["completion_tokens"] - 1 + WIDTH
+    assert moved["lookahead_request_steps_total"] == meta["spec_verify_ct"]  # alone
     assert moved["lookahead_verify_rows_total"] >= moved["lookahead_verify_steps_total"]
     assert moved["lookahead_draft_nodes_total"] >= moved["lookahead_accepted_tokens_total"]
     gauges = fresh_gauges(lookahead)

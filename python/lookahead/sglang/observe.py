@@ -10,6 +10,7 @@
   | series | type | what |
   |---|---|---|
   | `lookahead_verify_steps_total` | counter | decode steps verified |
+  | `lookahead_request_steps_total` | counter | requests verified, one per request per step |
   | `lookahead_verify_rows_total` | counter | rows those forwards verified (width x requests) |
   | `lookahead_draft_nodes_total` | counter | drafted nodes verified (roots and padding not counted) |
   | `lookahead_accepted_tokens_total` | counter | drafted tokens accepted |
@@ -42,6 +43,7 @@ GAUGE_EVERY_S = 1.0
 # counter -> help
 COUNTERS = {
     "verify_steps": "Decode steps verified by LOOKAHEAD",
+    "request_steps": "Requests verified, one per request per step",
     "verify_rows": "Rows the verify forwards computed (width x requests)",
     "draft_nodes": "Drafted nodes verified (roots and padding not counted)",
     "accepted_tokens": "Drafted tokens accepted",
@@ -119,6 +121,7 @@ class Observer:
             return
         c = self.series.counters
         c["verify_steps"].inc()
+        c["request_steps"].inc(bs)
         c["verify_rows"].inc(width * bs)
         c["draft_nodes"].inc(drafted)
         c["accepted_tokens"].inc(max(emitted - bs, 0))
