@@ -166,7 +166,7 @@ def test_byte_bound_holds_after_every_op(ops, seed):
 def test_a_byte_budget_holds_under_a_hostile_multi_tenant_stream():
     """Many tenants' random text (the worst case for bytes per node: no shared n-grams,
     every namespace filled past its share), prompts and outputs of live requests: bytes and
-    RSS growth stay within the budget plus the stated slack (8 KiB per live request, the
+    RSS growth stay within the budget plus the stated slack (16 KiB per live request, the
     process's spare arena segments, allocator rounding)."""
     budget = 24 << 20
     r = run_child(
@@ -192,7 +192,7 @@ def test_a_byte_budget_holds_under_a_hostile_multi_tenant_stream():
     )
     s = r["stats"]
     live = 4
-    slack = BYTES_PER_HOLDER * live
+    slack = 2 * BYTES_PER_HOLDER * live
     assert s["capacity_bytes"] == budget and s["capacity_nodes"] < budget // 200, s
     assert budget // 8 <= r["worst"] <= budget + slack, r  # used, and within it
     assert r["rss"] <= budget + slack + SPARE_SEGMENTS_BYTES + (8 << 20), r
@@ -219,5 +219,5 @@ def test_a_byte_budget_holds_after_every_op(ops, seed):
             c.finish_request(k, keep_prompt=n)
             live.discard(k)
         s = c.stats()
-        assert s["bytes"] <= budget + BYTES_PER_HOLDER * s["live_requests"], s
+        assert s["bytes"] <= budget + 2 * BYTES_PER_HOLDER * s["live_requests"], s
     c.check_invariants()

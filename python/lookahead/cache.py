@@ -102,7 +102,7 @@ class LookaheadCache:
             most 1e6): a path's score is the weighted mean of its scores in each (0 where
             one lacks it), and the best `budget` paths are kept.
         capacity_bytes: a hard bound on `stats()["bytes"]` (0, the default: none; else at
-            least 1 MiB), plus 8 KiB per live request; kept by the worst case per node and
+            least 1 MiB), plus 16 KiB per live request and 8 KiB per corpus; kept by the worst case per node and
             per namespace, so a typical stream fills about a quarter of it
             (docs/interfaces.md, "Memory", "A byte budget").
 

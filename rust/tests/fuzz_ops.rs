@@ -110,11 +110,9 @@ fn worker(c: &Cache, seed: u64, deadline: Instant, capacity: u64) -> u64 {
         let s = c.stats();
         assert!(s.nodes <= capacity);
         if s.capacity_bytes > 0 {
-            // The byte budget, plus its stated slack per live request.
-            assert!(
-                s.bytes <= s.capacity_bytes + (8 << 10) * s.live_requests,
-                "{s:?}"
-            );
+            // The byte budget, plus its stated slack per live request and corpus.
+            let slack = (16 << 10) * s.live_requests + (8 << 10) * s.corpora;
+            assert!(s.bytes <= s.capacity_bytes + slack, "{s:?}");
         }
         ops += 1;
     }

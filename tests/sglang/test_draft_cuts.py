@@ -169,3 +169,27 @@ def test_a_real_xgrammar_matcher_prunes_as_its_bitmask_would():
     parents = np.array([-1, 0, 1, 2, 0, 1])
     assert grammar_keeps(tokens, parents, 6, m, vocab=26) == [0, 1, 2, 3]
     assert m.accept_token(tok["a"])  # still at the start: "a" first
+
+
+def test_a_matcher_that_raises_mid_walk_is_rolled_back_and_the_row_kept():
+    class Raising(Matcher):
+        def accept_token(self, tok):
+            if len(self.seq) == 2:
+                raise RuntimeError("the grammar backend failed")
+            return super().accept_token(tok)
+
+    m = Raising([[1, 2, 5], [3, 4]])
+    bd = batch_draft([TREE])
+    assert cut_drafts(bd, [req(grammar=SimpleNamespace(matcher=m, vocab_size=100))], WIDTH) == 0
+    assert m.seq == [] and bd.num_nodes[0] == len(TREE[0])
+
+
+def test_namespace_names_stay_small_and_valid():
+    from lookahead.sglang.drafter import LONG_KEY, LookaheadDrafter
+
+    with pytest.raises(ValueError, match="namespace must be a string"):
+        parse_control({"lookahead": {"namespace": "\ud800"}}, WIDTH)
+    assert LookaheadDrafter.namespace_of_key("tenant-a") == "key:tenant-a"
+    long = LookaheadDrafter.namespace_of_key("x" * (LONG_KEY + 1))
+    assert long.startswith("key#") and len(long) == 4 + 64
+    assert LookaheadDrafter.namespace_of_key("\ud800").startswith("key#")

@@ -17,6 +17,7 @@ CPU step is chosen, so rows a request cannot use are not paid for:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,8 @@ import numpy as np
 from lookahead.sglang.request_control import control_of
 
 __all__ = ["cut_drafts", "grammar_keeps"]
+
+logger = logging.getLogger(__name__)
 
 
 def _children(parents: np.ndarray, n: int) -> list[list[int]]:
@@ -41,19 +44,23 @@ def grammar_keeps(tokens: np.ndarray, parents: np.ndarray, n: int, matcher: Any,
     kids = _children(parents, n)
     keep = [0]
     stack: list[tuple[int, int]] = [(0, 0)]  # (node, next child to try); depth = len - 1
-    while stack:
-        node, k = stack[-1]
-        if k == len(kids[node]):
-            stack.pop()
-            if node != 0:
-                matcher.rollback(1)
-            continue
-        stack[-1] = (node, k + 1)
-        child = kids[node][k]
-        tok = int(tokens[child])
-        if tok < vocab and not matcher.is_terminated() and matcher.accept_token(tok):
-            keep.append(child)
-            stack.append((child, 0))
+    try:
+        while stack:
+            node, k = stack[-1]
+            if k == len(kids[node]):
+                stack.pop()
+                if node != 0:
+                    matcher.rollback(1)
+                continue
+            stack[-1] = (node, k + 1)
+            child = kids[node][k]
+            tok = int(tokens[child])
+            if 0 <= tok < vocab and not matcher.is_terminated() and matcher.accept_token(tok):
+                keep.append(child)
+                stack.append((child, 0))
+    finally:
+        if len(stack) > 1:  # an exception mid-walk: the matcher back where it was found
+            matcher.rollback(len(stack) - 1)
     if len(keep) == n:
         return None
     keep.sort()
@@ -105,7 +112,13 @@ def cut_drafts(bd: Any, reqs: Any, width: int) -> int:
             n = limit
         found = _matcher_of(req) if n > 1 else None
         if found is not None:
-            keep = grammar_keeps(bd.tokens[row], bd.parents[row], n, *found)
+            try:
+                keep = grammar_keeps(bd.tokens[row], bd.parents[row], n, *found)
+            except Exception:  # the row goes unpruned: the verify's mask still applies
+                logger.exception(
+                    "lookahead: grammar pruning failed for %r", getattr(req, "rid", row)
+                )
+                keep = None
             if keep is not None:
                 _compact(bd, row, keep)
                 cut += n - len(keep)

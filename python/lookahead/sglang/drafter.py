@@ -12,6 +12,7 @@ to the verify width N in NGRAM's convention; requests that left the batch are fi
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from array import array
 from collections.abc import Sequence
@@ -28,6 +29,8 @@ __all__ = ["LookaheadDrafter"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE = "default"
+# Longest extra_key used as it is in a namespace name (longer ones are hashed).
+LONG_KEY = 256
 
 
 def _ints(seq: Any) -> list:
@@ -81,18 +84,28 @@ class LookaheadDrafter:
     def namespace_of(self, req: Any) -> str:
         """The trie namespace of `req`: the one its `custom_params` pin
         (`lookahead.sglang.request_control`), else the configured namespace mode's."""
-        pinned = control_of(req, self.config.width).namespace
-        if pinned is not None:
-            return self.namespace_of_key(pinned)
         mode = self.config.namespace
+        if mode == "extra_key":
+            pinned = control_of(req, self.config.width).namespace
+            if pinned is not None:
+                return self.namespace_of_key(pinned)
         if mode == "extra_key" and getattr(req, "extra_key", None):
             return self.namespace_of_key(req.extra_key)
         return DEFAULT_NAMESPACE
 
     @staticmethod
     def namespace_of_key(extra_key: str) -> str:
-        """The namespace of requests with `extra_key` (namespace mode "extra_key")."""
-        return f"key:{extra_key}"
+        """The namespace of requests with `extra_key` (namespace mode "extra_key"); a key
+        longer than `LONG_KEY` characters (or not UTF-8) is named by its SHA-256, so a
+        namespace's name stays small whatever a client sends."""
+        if len(extra_key) <= LONG_KEY:
+            try:
+                extra_key.encode("utf-8")
+                return f"key:{extra_key}"
+            except UnicodeEncodeError:
+                pass
+        digest = hashlib.sha256(extra_key.encode("utf-8", "surrogatepass")).hexdigest()
+        return f"key#{digest}"
 
     @property
     def live_requests(self) -> frozenset:

@@ -4,8 +4,10 @@
   (the trie's `stats()`, the verify widths used, the CPU sizer's state).
 - With SGLang's `--enable-metrics`, `/metrics` carries these series beside SGLang's own
   (SGLang runs prometheus_client in multiprocess mode: each scheduler writes its samples to
-  `PROMETHEUS_MULTIPROC_DIR` and the HTTP server merges them). Labels: `tp_rank`, `dp_rank`
-  (a bounded set; nothing is labelled by namespace, whose count has no bound).
+  `PROMETHEUS_MULTIPROC_DIR` and the HTTP server merges them). Labels: `tp_rank`,
+  `pp_rank`, `dp_rank` (a bounded set; nothing is labelled by namespace, whose count has no
+  bound). Every rank keeps its own trie and counts its own steps: TP ranks count the same
+  steps, so read the step counters of one `tp_rank`.
 
   | series | type | what |
   |---|---|---|
@@ -22,8 +24,8 @@
   | `lookahead_trie_capacity_nodes`, `lookahead_trie_bytes` | gauge | the node bound; bytes held (`stats()["bytes"]`) |
   | `lookahead_namespaces`, `lookahead_live_requests`, `lookahead_corpora` | gauge | counts |
 
-  Counters move every decode step; gauges are refreshed at most once a second (`stats()`
-  walks the namespaces).
+  Counters move every decode step, but `evicted_nodes` and `truncated_prompts`, which move
+  with the gauges: at most once a second, while decoding (`stats()` walks the namespaces).
 """
 
 from __future__ import annotations
@@ -68,18 +70,26 @@ _FROM_STATS = {"evicted_nodes": "evicted_nodes", "truncated_prompts": "truncated
 
 
 def _ranks() -> dict[str, str]:
+    """This scheduler's ranks (each rank keeps its own trie and counts its own steps: sum
+    the series of one `tp_rank` for the server's steps)."""
+    out = {}
     try:
         from sglang.srt.runtime_context import get_parallel
 
         par = get_parallel()
-        tp = par.tp_rank
-        try:
-            dp = par.dp_rank
-        except (AttributeError, KeyError, ValueError, RuntimeError):
-            dp = 0
-        return {"tp_rank": str(tp), "dp_rank": str(dp or 0)}
     except Exception:  # outside a scheduler (tests): one process, rank 0
-        return {"tp_rank": "0", "dp_rank": "0"}
+        par = None
+    for name in ("tp_rank", "pp_rank", "dp_rank"):
+        try:
+            out[name] = str(getattr(par, name) or 0)
+        except Exception:  # a rank this SGLang does not publish here
+            out[name] = "0"
+    return out
+
+
+# One set of series per process and labels: prometheus_client refuses a second
+# registration of a name (a worker built again in the same process reuses them).
+_SERIES: dict[tuple, _Series] = {}
 
 
 class _Series:
@@ -111,13 +121,14 @@ class Observer:
         self._seen = dict.fromkeys(_FROM_STATS, 0)
         if enable_metrics is None:
             enable_metrics = _metrics_enabled()
-        self.series = _Series(_ranks()) if enable_metrics else None
+        self.series = _series(_ranks()) if enable_metrics else None
 
-    def step(self, width: int, bs: int, drafted: int, emitted: int, cut: int) -> None:
+    def step(self, width: int, bs: int, drafted: int, emitted: int | None, cut: int) -> None:
         """One decode verify: `bs` requests at `width` rows each, `drafted` real nodes
-        verified besides the roots, `emitted` tokens out, `cut` nodes cut before it."""
+        verified besides the roots, `emitted` tokens out (None: not read back, no series),
+        `cut` nodes cut before it."""
         self.widths[width] += 1
-        if self.series is None:
+        if self.series is None or emitted is None:
             return
         c = self.series.counters
         c["verify_steps"].inc()
@@ -158,6 +169,13 @@ class Observer:
             if delta:
                 self.series.counters[name].inc(delta)
             self._seen[name] = now
+
+
+def _series(labels: dict[str, str]) -> _Series:
+    key = tuple(sorted(labels.items()))
+    if key not in _SERIES:
+        _SERIES[key] = _Series(labels)
+    return _SERIES[key]
 
 
 def _metrics_enabled() -> bool:

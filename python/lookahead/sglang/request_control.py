@@ -10,9 +10,12 @@ completions and chat endpoints):
 - `enabled` (bool, default true): false verifies the root alone at every step (the request
   decodes as without speculation; its text still feeds its namespace's history).
 - `budget` (int in [0, N - 1]): at most this many drafted nodes per step (0 = `enabled: false`).
-- `namespace` (a string of 1 to 128 characters): the namespace of requests whose `extra_key`
-  is that string (their shared history and, under `corpus_scope` "by_id", their corpora),
-  whatever this request's own `extra_key`.
+- `namespace` (a string of 1 to 128 characters): under namespace mode "extra_key", the
+  namespace of requests whose `extra_key` is that string (their shared history and, under
+  `corpus_scope` "by_id", their corpora), whatever this request's own `extra_key` and
+  adapter (a client that can send an `extra_key` could join that namespace anyway); under
+  the other modes it is checked and has no effect (the operator chose to share everything
+  or nothing).
 
 Other keys, values of another type or out of range fail that request alone with HTTP 400 and
 one line saying what is wrong (`check_sampling_params`, run by SGLang's tokenizer manager as it
@@ -75,13 +78,23 @@ def parse_control(custom_params: Any, width: int) -> RequestControl:
         raise ValueError(f"{where}.budget must be an int in [0, {width - 1}], got {budget!r}")
     namespace = raw.get("namespace")
     if namespace is not None and (
-        not isinstance(namespace, str) or not 1 <= len(namespace) <= MAX_NAMESPACE_CHARS
+        not isinstance(namespace, str)
+        or not 1 <= len(namespace) <= MAX_NAMESPACE_CHARS
+        or not _utf8(namespace)
     ):
         raise ValueError(
             f"{where}.namespace must be a string of 1 to {MAX_NAMESPACE_CHARS} characters, "
             f"got {namespace!r}"
         )
     return RequestControl(enabled=enabled, budget=budget, namespace=namespace)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")  # a lone surrogate (JSON allows one) is no namespace name
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def control_of(req: Any, width: int) -> RequestControl:

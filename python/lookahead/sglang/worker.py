@@ -279,8 +279,12 @@ class LookaheadWorker(NGRAMWorker):
         finally:
             self.draft_token_num = self.config.width
         if decode:
-            lens = result.next_draft_input.accept_lens.tolist()
-            self.observer.step(width, bs, self._drafted, sum(lens), self._cut)
+            # Read back only where someone uses it: on CUDA it waits for the verify, which
+            # the overlap scheduler would otherwise not wait for here.
+            lens = None
+            if self.observer.series is not None or self._fixed_width is None:
+                lens = result.next_draft_input.accept_lens.tolist()
+            self.observer.step(width, bs, self._drafted, lens and sum(lens), self._cut)
             if self._fixed_width is None:
                 forward_s = time.perf_counter() - start - self._prepare_s
                 ids = result.next_token_ids.view(bs, width).tolist()

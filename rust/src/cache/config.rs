@@ -119,10 +119,12 @@ impl Config {
         self.recycle_k > 0 && self.recycle_slots > 0
     }
 
-    /// Bytes the recycled-prediction table holds at most, once full.
+    /// Bytes the recycled-prediction table holds at most, once full: per slot its row
+    /// (`8 * recycle_k`), its owner (24) and, at worst, 2 x 8/7 hash-table buckets of 25
+    /// bytes (a power of two just past 7/8 full, doubled once by tombstones), about 58.
     pub fn recycle_bytes_max(&self) -> u64 {
         if self.recycles() {
-            self.recycle_slots as u64 * (8 * self.recycle_k as u64 + 75)
+            self.recycle_slots as u64 * (8 * self.recycle_k as u64 + 82)
         } else {
             0
         }
@@ -177,7 +179,7 @@ impl Config {
             if b < MIN_CAPACITY_BYTES / 2 {
                 return bad(format!(
                     "capacity_bytes {} leaves {b} bytes for trie nodes once recycled \
-                     predictions (up to {} bytes: recycle_slots x (8 x recycle_k + 75)) and \
+                     predictions (up to {} bytes: recycle_slots x (8 x recycle_k + 82)) and \
                      namespaces (1/{HOLDER_SHARE}) have theirs; at least {} are needed",
                     self.capacity_bytes,
                     self.recycle_bytes_max(),
