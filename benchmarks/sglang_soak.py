@@ -72,6 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--num-draft-tokens", type=int, default=8)
     p.add_argument("--capacity", type=int, default=300_000, help="trie nodes")
+    p.add_argument(
+        "--capacity-bytes", type=int, default=64 << 20, help="LOOKAHEAD_CONFIG capacity_bytes"
+    )
     p.add_argument("--sample-s", type=float, default=30.0)
     p.add_argument("--warmup-min", type=float, default=10.0, help="RSS growth counted after")
     p.add_argument("--threads", type=int, default=2)
@@ -79,6 +82,7 @@ def parse_args(argv=None):
     p.add_argument("--json")
     p.add_argument("--plot")
     p.add_argument("--log-dir")
+    p.add_argument("--report", metavar="JSON", help="print a soak's table by window and stop")
     return p.parse_args(argv)
 
 
@@ -147,6 +151,11 @@ def metrics(server: CpuServer) -> dict[str, float]:
     return out
 
 
+def quantile(xs: list[float], f: float) -> float | None:
+    """The `f` quantile of sorted `xs` (nearest rank), or None for no data."""
+    return xs[min(len(xs) - 1, int(f * len(xs)))] if xs else None
+
+
 class Soak:
     def __init__(self, server: CpuServer, jobs, reference: dict, args) -> None:
         self.server, self.jobs, self.reference, self.args = server, jobs, reference, args
@@ -154,6 +163,8 @@ class Soak:
         self.counts = dict.fromkeys(["greedy", "sampled", "abort", "bad", "errors"], 0)
         self.counts["mismatches"] = 0
         self.latencies: list[float] = []  # finished greedy/sampled requests since last sample
+        self.finished: list[tuple[float, float, str]] = []  # (t_min at the end, seconds, kind)
+        self.t0 = time.monotonic()
         self.errors: list[str] = []
         self.samples: list[dict] = []
 
@@ -197,7 +208,9 @@ class Soak:
         with self.lock:
             self.counts[kind] += 1
             if kind in ("greedy", "sampled"):
-                self.latencies.append(time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                self.latencies.append(took)
+                self.finished.append(((time.monotonic() - self.t0) / 60, took, kind))
 
     def client(self, i: int, deadline: float) -> None:
         rng = random.Random(self.args.seed * 1000 + i)
@@ -221,15 +234,14 @@ class Soak:
         except OSError as e:
             with self.lock:
                 self.errors.append(f"metrics: {e}")
-        q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))] if lat else None  # noqa: E731
         self.samples.append(
             {
                 "t_min": (time.monotonic() - t0) / 60,
                 "rss_mb": self.server.rss_mb(),
                 "finished": len(lat),
                 "latency_p50_s": statistics.median(lat) if lat else None,
-                "latency_p90_s": q(0.9),
-                "latency_p99_s": q(0.99),
+                "latency_p90_s": quantile(lat, 0.9),
+                "latency_p99_s": quantile(lat, 0.99),
                 **counts,
                 **{k.removeprefix("lookahead_"): v for k, v in m.items()},
             }
@@ -237,7 +249,7 @@ class Soak:
         print(json.dumps(self.samples[-1]), flush=True)
 
     def run(self) -> None:
-        t0 = time.monotonic()
+        t0 = self.t0 = time.monotonic()
         deadline = t0 + self.args.minutes * 60
         with ThreadPoolExecutor(self.args.clients) as pool:
             futs = [pool.submit(self.client, i, deadline) for i in range(self.args.clients)]
@@ -288,6 +300,60 @@ def summary(samples: list[dict], warmup_min: float) -> dict:
     }
 
 
+def windows(payload: dict, minutes: float = 10.0) -> list[dict]:
+    """The run cut in `minutes`-long windows: traffic, latency, memory and the trie in each."""
+    samples, finished = payload["samples"], payload.get("finished", [])
+    rows, start, prev = [], 0.0, None
+    while start < samples[-1]["t_min"] - 1e-6:
+        end = start + minutes
+        if samples[-1]["t_min"] - end < 1.0:  # the last requests' tail joins the last window
+            end = samples[-1]["t_min"]
+        inside = [s for s in samples if start < s["t_min"] <= end + 1e-6]
+        if not inside:
+            break
+        last, before = inside[-1], prev or {}
+        delta = {k: v - before.get(k, 0) for k, v in last.items() if isinstance(v, (int, float))}
+        lat = sorted(x[1] for x in finished if start < x[0] <= end + 1e-6)
+        steps = delta.get("request_steps_total")
+        rows.append(
+            {
+                "minutes": f"{start:.0f}-{min(end, last['t_min']):.0f}",
+                **{k: delta[k] for k in ("greedy", "sampled", "abort", "bad", "errors")},
+                "mismatches": delta["mismatches"],
+                **{f"p{int(f * 100)}_s": quantile(lat, f) for f in (0.5, 0.9, 0.99)},
+                "rss_mb_min": min(s["rss_mb"] for s in inside),
+                "rss_mb_max": max(s["rss_mb"] for s in inside),
+                "trie_nodes": last.get("trie_nodes"),
+                "trie_mb_max": max(s.get("trie_bytes", 0) for s in inside) / 2**20,
+                "evicted": delta.get("evicted_nodes_total"),
+                "tokens_per_step": delta["emitted_tokens_total"] / steps if steps else None,
+            }
+        )
+        prev, start = last, end
+    return rows
+
+
+def report(path: str, minutes: float = 10.0) -> str:
+    """A markdown table of `windows` from a soak's JSON."""
+    payload = json.loads(Path(path).read_text())
+    head = (
+        "| minutes | greedy | sampled | aborted | bad (400) | errors | mismatches "
+        "| latency p50 / p90 / p99 s | RSS MB min-max | trie nodes | trie MB | evicted "
+        "| tokens/step |"
+    )
+    lines = [head, "|" + "---|" * 13]
+    f = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+    for r in windows(payload, minutes):
+        lines.append(
+            f"| {r['minutes']} | {r['greedy']} | {r['sampled']} | {r['abort']} | {r['bad']} "
+            f"| {r['errors']} | {r['mismatches']} "
+            f"| {f(r['p50_s'])} / {f(r['p90_s'])} / {f(r['p99_s'])} "
+            f"| {r['rss_mb_min']:.0f}-{r['rss_mb_max']:.0f} | {f(r['trie_nodes'], 0)} "
+            f"| {r['trie_mb_max']:.1f} | {f(r['evicted'], 0)} | {f(r['tokens_per_step'], 2)} |"
+        )
+    return "\n".join(lines)
+
+
 def plot(samples: list[dict], path: str) -> None:
     import matplotlib
 
@@ -296,13 +362,15 @@ def plot(samples: list[dict], path: str) -> None:
 
     t = [s["t_min"] for s in samples]
     fig, (a, b) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    a.plot(t, [s["rss_mb"] for s in samples], label="server RSS (MB)")
-    a.plot(t, [s.get("trie_bytes", 0) / 1e6 for s in samples], label="trie bytes (MB)")
-    a.set_ylabel("MB")
-    a.legend()
+    a.plot(t, [s["rss_mb"] for s in samples], color="C0")
+    a.set_ylabel("server RSS, all processes (MB)", color="C0")
+    trie = a.twinx()  # the trie is a few MB of the server's GB: its own scale
+    trie.plot(t, [s.get("trie_bytes", 0) / 2**20 for s in samples], color="C1")
+    trie.set_ylabel("trie bytes (MiB)", color="C1")
+    trie.set_ylim(bottom=0)
     for key in ("latency_p50_s", "latency_p90_s", "latency_p99_s"):
         b.plot(t, [s[key] for s in samples], label=key.removeprefix("latency_"))
-    b.set_ylabel("request latency (s)")
+    b.set_ylabel("latency of the last 30 s (s)")
     b.set_xlabel("minutes")
     b.legend()
     fig.suptitle("LOOKAHEAD on a CPU SGLang server: mixed traffic")
@@ -312,9 +380,14 @@ def plot(samples: list[dict], path: str) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return 0
     from lookahead.models import default_model_path
     from lookahead.output import header, write_json
 
+    # The run's context as it starts: the code the server runs is the code of this moment.
+    payload = header("python -m benchmarks.sglang_soak " + " ".join(argv or sys.argv[1:]))
     model_path = Path(args.model_path) if args.model_path else default_model_path()
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="sglang_soak_"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -330,7 +403,9 @@ def main(argv=None) -> int:
         "--speculative-ngram-capacity",
         str(args.capacity),
     ]
-    env["LOOKAHEAD_CONFIG"] = json.dumps({"stats_interval_s": 60})
+    env["LOOKAHEAD_CONFIG"] = json.dumps(
+        {"stats_interval_s": 60, "capacity_bytes": args.capacity_bytes}
+    )
     with CpuServer(model_path, server_args, log_dir / "lookahead.log", env=env) as server:
         soak = Soak(server, jobs, reference, args)
         try:
@@ -342,13 +417,13 @@ def main(argv=None) -> int:
     for e in soak.errors[:20]:
         print("  ", e)
     if args.json:
-        payload = header("python -m benchmarks.sglang_soak " + " ".join(argv or sys.argv[1:]))
         payload.update(
             settings=vars(args),
             model=str(model_path),
             summary=result,
             errors=soak.errors[:200],
             samples=soak.samples,
+            finished=soak.finished,
         )
         write_json(args.json, payload)
     if args.plot:
