@@ -140,17 +140,6 @@ def hang_up(server: CpuServer, text: str, chunks: int) -> None:
     conn.close()
 
 
-def metrics(server: CpuServer) -> dict[str, float]:
-    with urllib.request.urlopen(server.url + "/metrics", timeout=60) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("lookahead_"):
-            name = line.split("{", 1)[0]
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def quantile(xs: list[float], f: float) -> float | None:
     """The `f` quantile of sorted `xs` (nearest rank), or None for no data."""
     return xs[min(len(xs) - 1, int(f * len(xs)))] if xs else None
@@ -230,7 +219,7 @@ class Soak:
             counts = dict(self.counts)
         m = {}
         try:
-            m = metrics(self.server)
+            m = self.server.metrics()
         except OSError as e:
             with self.lock:
                 self.errors.append(f"metrics: {e}")

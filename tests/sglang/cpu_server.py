@@ -233,6 +233,18 @@ class CpuServer:
             raise ServerFailed(f"server died: {self.tail()}")
         return self.post("/generate", body, timeout=timeout)
 
+    def metrics(self, timeout: float = 60) -> dict[str, float]:
+        """The `lookahead_` samples of `/metrics` (with `--enable-metrics`), summed over
+        their labels."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=timeout) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("lookahead_"):
+                name, value = line.split("{", 1)[0], float(line.rsplit(" ", 1)[1])
+                out[name] = out.get(name, 0.0) + value
+        return out
+
     def stats_lines(self) -> list[dict]:
         """Every `lookahead: cache stats` line the schedulers logged so far."""
         marker = "lookahead: cache stats "

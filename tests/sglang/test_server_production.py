@@ -107,23 +107,11 @@ def reference(plain):
     return ref
 
 
-def metrics(server: CpuServer) -> dict[str, float]:
-    """The `lookahead_` samples of `/metrics`, summed over their labels."""
-    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("lookahead_"):
-            name, value = line.split("{", 1)[0], float(line.rsplit(" ", 1)[1])
-            out[name] = out.get(name, 0.0) + value
-    return out
-
-
 def fresh_gauges(server: CpuServer, **params) -> dict[str, float]:
     """Gauges are refreshed at most once a second, at a decode step: wait, decode a little."""
     time.sleep(1.2)
     server.generate("abcabc", max_new_tokens=8, **params)
-    return metrics(server)
+    return server.metrics()
 
 
 # -- structured output ----------------------------------------------------------------------
@@ -173,9 +161,9 @@ def test_drafts_the_grammar_forbids_are_cut_before_the_verify(lookahead, referen
     """The prompt's n-grams hold `{`, `"`, `:` and spaces the regex [a-c]{20} forbids: they
     are pruned on the host (`lookahead_cut_nodes_total`), and the output stays exact."""
     p = '{"a": "abc", "b": true} abcabc {"a": "abc", "b": true} abcabc {"a": "abc"'
-    before = metrics(lookahead)
+    before = lookahead.metrics()
     out = lookahead.generate(p, max_new_tokens=MAX_NEW, regex=REGEX)
-    after = metrics(lookahead)
+    after = lookahead.metrics()
     assert out["output_ids"] == reference(p, max_new_tokens=MAX_NEW, regex=REGEX)["output_ids"]
     assert after["lookahead_cut_nodes_total"] > before["lookahead_cut_nodes_total"]
 
@@ -304,9 +292,9 @@ def test_metrics_move_with_the_traffic(lookahead):
         text = r.read().decode()
     assert "# TYPE lookahead_verify_steps_total counter" in text
     assert "# TYPE lookahead_trie_nodes gauge" in text
-    before = metrics(lookahead)
+    before = lookahead.metrics()
     out = lookahead.generate(PROMPTS[0], max_new_tokens=MAX_NEW, ignore_eos=True)
-    after = metrics(lookahead)
+    after = lookahead.metrics()
     meta = out["meta_info"]
     moved = {k: after[k] - before.get(k, 0.0) for k in after}
     assert moved["lookahead_verify_steps_total"] == meta["spec_verify_ct"], (moved, meta)
