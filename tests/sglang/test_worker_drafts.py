@@ -121,6 +121,10 @@ def test_verify_input_matches_ngrams_for_the_same_trees(plugins_loaded):
 
     masks = np.stack([ngram_tree_mask(parents[b]) for b in range(bs)])
     next_token, next_sibling = _derive_tree_links(masks.reshape(-1), bs, n)
+    # One departure from NGRAM: no link reaches padding (request c: the root alone).
+    assert vt.num_nodes.tolist() == [8, 8, 1]
+    assert next_token[2, 0] == 1 and vt.retrieve_next_token[2, 0] == -1
+    next_token[2], next_sibling[2] = -1, -1
     seq_lens = batch.seq_lens
     assert vt.draft_tokens.dtype == torch.int64 and vt.draft_tokens.shape == (bs * n,)
     assert vt.draft_tokens.tolist() == tokens.reshape(-1).tolist()
@@ -206,6 +210,9 @@ def test_metadata_matches_sglangs_own_ngram_kernel(plugins_loaded):
     pos, ri, nt, ns = json.loads(out.stdout.strip().splitlines()[-1])
     assert vt.positions.tolist() == pos
     assert vt.retrieve_index.tolist() == ri
+    # The one departure from NGRAM: no link reaches padding (request c: the root alone).
+    assert vt.num_nodes.tolist() == [8, 8, 1] and nt[2][0] == 1
+    nt[2], ns[2] = [-1] * len(nt[2]), [-1] * len(ns[2])
     assert vt.retrieve_next_token.tolist() == nt
     assert vt.retrieve_next_sibling.tolist() == ns
 
@@ -592,3 +599,23 @@ def test_the_sizer_sets_a_cpu_steps_width_after_drafting(plugins_loaded):
         req.output_ids.append(900 + step)
     assert widths[0] > 1  # a fresh sizer trusts the drafts' scores
     assert widths[-8:].count(1) >= 6, widths  # and learns they do not land
+
+
+def test_padding_nodes_can_never_be_accepted(plugins_loaded):
+    """A tree of fewer nodes than the width is padded (token 0, a child of the root, as
+    NGRAM pads): no link may reach a padding node, or a model whose next token is 0 would
+    accept a draft nobody drafted (a switched-off request 'accepting' one)."""
+    from lookahead.sglang.verify import build_verify_tensors
+
+    tokens = np.array([[7, 0, 0, 0], [7, 8, 0, 0]], dtype=np.int32)
+    parents = np.array([[-1, 0, 0, 0], [-1, 0, 0, 0]], dtype=np.int32)
+    seq_lens = torch.tensor([5, 6])
+    vt = build_verify_tensors(
+        tokens, parents, seq_lens, 11, full_mask=False, num_nodes=np.array([1, 2])
+    )
+    assert vt.retrieve_next_token.tolist() == [[-1, -1, -1, -1], [1, -1, -1, -1]]
+    assert vt.retrieve_next_sibling.tolist() == [[-1] * 4, [-1] * 4]
+    assert vt.retrieve_index.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]  # as SGLang reads it
+    assert vt.num_nodes.tolist() == [1, 2]
+    everything = build_verify_tensors(tokens, parents, seq_lens, 11, full_mask=False)
+    assert everything.retrieve_next_token[0, 0] == 1  # without num_nodes, padding is a draft

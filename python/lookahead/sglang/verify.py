@@ -50,12 +50,14 @@ class LookaheadVerifyInput(NgramVerifyInput):
         *args: Any,
         tree_tokens: torch.Tensor | None = None,
         tree_parents: torch.Tensor | None = None,
+        tree_num_nodes: torch.Tensor | None = None,
         exact_sampling: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.tree_tokens = tree_tokens
         self.tree_parents = tree_parents
+        self.tree_num_nodes = tree_num_nodes
         self.exact_sampling = exact_sampling
 
 
@@ -71,6 +73,7 @@ class VerifyTensors:
     custom_mask: torch.Tensor  # bool, flat: full mask or [B, N, N] tree mask
     tree_tokens: torch.Tensor  # int32 [B, N]
     tree_parents: torch.Tensor  # int32 [B, N]
+    num_nodes: torch.Tensor  # int32 [B]: each tree's real nodes, the rest padding
 
 
 def build_verify_tensors(
@@ -80,8 +83,12 @@ def build_verify_tensors(
     seq_lens_sum: int,
     *,
     full_mask: bool,
+    num_nodes: np.ndarray | None = None,
 ) -> VerifyTensors:
-    """Verify tensors for B trees of width N (every node real: NGRAM's padding convention).
+    """Verify tensors for B trees of width N, the first `num_nodes[b]` nodes of tree b real
+    (None: all). Laid out as NGRAM's, padding included (token 0, a child of the root), but
+    no link reaches a padding node (`retrieve_next_token` / `_sibling`): under NGRAM's
+    convention padding is a draft of token 0 that a model predicting token 0 accepts.
 
     `tokens`, `parents`: int32 [B, N] host arrays; `seq_lens`: verified lengths [B] on the
     target device; `seq_lens_sum` their sum (from the host, so no sync). `full_mask` selects
@@ -98,21 +105,33 @@ def build_verify_tensors(
     tree_parents = torch.from_numpy(np.ascontiguousarray(parents, dtype=np.int32)).to(
         device, non_blocking=True
     )
-    num_nodes = torch.full((bs,), width, dtype=torch.int32, device=device)
-    meta = tree_metadata(tree_parents, num_nodes, seq_lens)
+    full = torch.full((bs,), width, dtype=torch.int32, device=device)
+    meta = tree_metadata(tree_parents, full, seq_lens)  # NGRAM's layout: padding as nodes
+    next_token, next_sibling = meta.retrieve_next_token.long(), meta.retrieve_next_sibling.long()
+    if num_nodes is None:
+        num_nodes = full
+    else:
+        num_nodes = torch.from_numpy(np.clip(np.asarray(num_nodes, dtype=np.int32), 1, width))
+        num_nodes = num_nodes.to(device, non_blocking=True)
+        # Padding is the tail of each row and a node's children and later siblings come in
+        # index order, so a link at or past num_nodes leads to padding alone: cut it.
+        real = num_nodes.long()[:, None]
+        next_token = torch.where(next_token >= real, -1, next_token)
+        next_sibling = torch.where(next_sibling >= real, -1, next_sibling)
     if full_mask:
-        custom_mask = build_full_mask(tree_parents, num_nodes, seq_lens, seq_lens_sum=seq_lens_sum)
+        custom_mask = build_full_mask(tree_parents, full, seq_lens, seq_lens_sum=seq_lens_sum)
     else:
         custom_mask = meta.mask.reshape(-1)
     return VerifyTensors(
         draft_tokens=tree_tokens.reshape(-1).long(),
         positions=meta.positions.reshape(-1),
         retrieve_index=meta.retrieve_index.long(),
-        retrieve_next_token=meta.retrieve_next_token.long(),
-        retrieve_next_sibling=meta.retrieve_next_sibling.long(),
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
         custom_mask=custom_mask,
         tree_tokens=tree_tokens,
         tree_parents=tree_parents,
+        num_nodes=num_nodes,
     )
 
 
@@ -251,7 +270,9 @@ def exact_tree_sample(
         candidates=verify_input.tree_tokens,
         device=probs.device,
     )
-    num_nodes = torch.full((bs,), width, dtype=torch.int32, device=probs.device)
+    num_nodes = verify_input.tree_num_nodes
+    if num_nodes is None:
+        num_nodes = torch.full((bs,), width, dtype=torch.int32, device=probs.device)
     res = verify_sampling(
         verify_input.tree_tokens, verify_input.tree_parents, num_nodes, probs, coins
     )

@@ -204,7 +204,8 @@ class LookaheadWorker(NGRAMWorker):
         if self._fixed_width is None:
             self.draft_token_num = self._sized_width(batch, draft, seq_lens_sum)
         width = self.draft_token_num
-        self._drafted = int(np.minimum(draft.num_nodes, width).sum()) - len(batch.reqs)
+        real = np.minimum(draft.num_nodes, width)
+        self._drafted = int(real.sum()) - len(batch.reqs)
         if width < tokens.shape[1]:
             tokens = np.ascontiguousarray(tokens[:, :width])
             parents = np.ascontiguousarray(parents[:, :width])
@@ -214,6 +215,7 @@ class LookaheadWorker(NGRAMWorker):
             batch.seq_lens,
             seq_lens_sum,
             full_mask=USE_FULL_MASK and not _is_cpu,
+            num_nodes=real,
         )
         return tokens, parents, vt
 
@@ -345,6 +347,7 @@ class LookaheadWorker(NGRAMWorker):
             draft_token_num=self.draft_token_num,
             tree_tokens=vt.tree_tokens,
             tree_parents=vt.tree_parents,
+            tree_num_nodes=vt.num_nodes,
             exact_sampling=self.config.exact_sampling,
         )
         self._prepare_s = time.perf_counter() - started
