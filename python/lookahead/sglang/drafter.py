@@ -195,8 +195,9 @@ class LookaheadDrafter:
         c = self.config
         # Padded in the core the way NGRAM's corpus pads: every tree has exactly N nodes, the
         # unused ones token-0 children of the root. SGLang's verify kernels and CUDA graphs
-        # assume every node is real, so our verify input equals NGRAM's for the same tree; a
-        # padding node is accepted only if the target itself emits token 0 there (lossless).
+        # take N rows per request, so our verify input is NGRAM's for the same tree but for
+        # the links: `build_verify_tensors` cuts those to padding, which NGRAM would accept
+        # wherever the target emits token 0 (lossless, but a draft nobody drafted).
         bd = self.cache.draft_batch(
             rids,
             budget=c.budget,

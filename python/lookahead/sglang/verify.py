@@ -5,8 +5,9 @@ convention, see `drafter.py`) into the tensors of SGLang's `NgramVerifyInput` wi
 `tree_metadata` launch and one `build_full_mask` launch for the whole batch, in place of
 NGRAM's `reconstruct_indices_from_tree_mask` plus its per-request Python mask loop. The
 values are NGRAM's for the same trees: node 0 is the last verified token, positions are
-`seq_len + depth`, `retrieve_index = b * N + i`, first-child / next-sibling links, and the
-full mask is per request `N x (seq_len + N)` (prefix ones, then the ancestor mask).
+`seq_len + depth`, `retrieve_index = b * N + i`, first-child / next-sibling links (save
+that none reaches a padding node), and the full mask is per request `N x (seq_len + N)`
+(prefix ones, then the ancestor mask).
 
 `exact_tree_sample` replaces SGLang's `tree_speculative_sampling_target_only` for
 LOOKAHEAD's non-greedy batches with `lookahead.kernels.verify_sampling` (one inverse-CDF
