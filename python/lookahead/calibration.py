@@ -5,6 +5,8 @@ starting from a prior that reads a path score as its chance (the cost-aware choi
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 # Path-score bands a node's chance of acceptance is learnt in: fine where scores crowd.
@@ -45,12 +47,14 @@ class AcceptanceCalibration:
     @staticmethod
     def regime(last_accepted: int) -> int:
         """The regime of a step after one that accepted `last_accepted` draft tokens."""
-        return int(np.searchsorted(REGIME_EDGES, last_accepted, "right"))
+        return bisect.bisect_right(REGIME_EDGES, last_accepted)
 
     def bands(self, scores: np.ndarray) -> np.ndarray:
         """The band index of each score."""
         b = np.searchsorted(self.edges, np.asarray(scores, dtype=np.float64), "right") - 1
-        return b.clip(0, len(self.edges) - 1)
+        # Only a score below the first edge (0) falls below band 0; searchsorted never goes
+        # past the last band. (`clip` costs ~30 us a step here, this ~2.)
+        return np.maximum(b, 0)
 
     def observe(self, scores: np.ndarray, accepted: np.ndarray, last_accepted: int = 0) -> None:
         """One verify step: the offered nodes' path scores, whether each was accepted, and
@@ -59,8 +63,9 @@ class AcceptanceCalibration:
         self.offered *= self.decay
         self.accepted *= self.decay
         b = self.bands(scores)
-        np.add.at(self.offered[r], b, 1.0)
-        np.add.at(self.accepted[r], b, np.asarray(accepted, dtype=np.float64))
+        n = len(self.edges)
+        self.offered[r] += np.bincount(b, minlength=n)
+        self.accepted[r] += np.bincount(b, np.asarray(accepted, dtype=np.float64), minlength=n)
         self._tables.clear()
 
     def table(self, last_accepted: int = 0) -> np.ndarray:

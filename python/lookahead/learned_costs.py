@@ -54,6 +54,7 @@ class LearnedCosts:
         self.window = int(window)
         self.count = 0  # forwards measured in all
         self._obs: dict = {}  # (band, rows) -> deque of log(measured / prior)
+        self._shrunk: dict = {}  # band -> {rows: shrunk median log-ratio} of `_obs`
         self._ratios: dict = {}  # band -> log-ratio by rows (cached until a new measurement)
         self._curves: dict = {}  # 16-token bucket -> curve (cached until a new measurement)
 
@@ -73,6 +74,10 @@ class LearnedCosts:
         if got is None:
             got = self._obs[key] = deque(maxlen=self.window)
         got.append(math.log(seconds / modelled))
+        # The key's median, shrunk towards the prior: only this key's changed.
+        self._shrunk.setdefault(key[0], {})[key[1]] = (
+            _median(got) * len(got) / (len(got) + PRIOR_COUNT)
+        )
         self.count += 1
         self._ratios.clear()
         self._curves.clear()
@@ -91,16 +96,17 @@ class LearnedCosts:
         got = self._ratios.get(band)
         if got is not None:
             return got
-        mine = {r: v for (b, r), v in self._obs.items() if b == band}
-        if not mine:  # nothing in this band: what all bands say, row count by row count
+        rows = np.arange(self.max_rows + 1)
+        mine = self._shrunk.get(band)
+        if mine:
+            at = sorted(mine)
+            got = np.interp(rows, at, [mine[r] for r in at])
+        elif self._obs:  # nothing in this band: what all bands say, row count by row count
             pooled: dict = {}
             for (_, r), v in self._obs.items():
                 pooled.setdefault(r, []).extend(v)
-            mine = pooled
-        rows = np.arange(self.max_rows + 1)
-        if mine:
-            at = sorted(mine)
-            shrunk = [_median(mine[r]) * len(mine[r]) / (len(mine[r]) + PRIOR_COUNT) for r in at]
+            at = sorted(pooled)
+            shrunk = [_median(pooled[r]) * len(pooled[r]) / (len(pooled[r]) + PRIOR_COUNT) for r in at]  # fmt: skip
             got = np.interp(rows, at, shrunk)
         else:
             got = np.zeros(len(rows))
