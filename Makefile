@@ -15,20 +15,24 @@ install: wheel  ## build the release wheel and install it with the HF engine (to
 	# The same version number may already be installed (editable, or an older build).
 	$(PIP) install --no-deps --force-reinstall dist/lookahead_spec-*.whl
 
-# `make demo ENGINE=llamacpp`: the demo on llama.cpp (builds llama-cpp-python first, ~7-10 min).
+# `make demo ENGINE=llamacpp`: the demo on llama.cpp (builds llama-cpp-python first, ~7-10 min,
+# and llama-server for llama.cpp's own n-gram speculator column, ~10 min).
 ENGINE ?= hf
+LLAMA_SERVER = target/llama-server-src/build/bin/llama-server
 
 .PHONY: demo
-demo: install  ## install, fetch the default model, run `lookahead demo` (ENGINE=llamacpp: on llama.cpp)
-	if [ "$(ENGINE)" = llamacpp ]; then $(MAKE) llamacpp PY="$(PY)"; fi
-	$(PY) -m lookahead.cli demo --engine $(ENGINE)
+demo: install  ## install, fetch the default model, run `lookahead demo` (ENGINE=llamacpp: on llama.cpp, beside llama-server)
+	if [ "$(ENGINE)" = llamacpp ]; then $(MAKE) llamacpp PY="$(PY)" && $(MAKE) llama-server PY="$(PY)"; fi
+	$(PY) -m lookahead.cli demo --engine $(ENGINE) $(if $(filter llamacpp,$(ENGINE)),--llama-server $(LLAMA_SERVER))
 
 .PHONY: dev
-dev:  ## editable install with test and lint tools, SGLang 0.5.23 (no CUDA deps), the peers and llama.cpp
+dev:  ## editable install with test and lint tools, SGLang 0.5.23 (no CUDA deps), the peers, llama.cpp and llama-server
 	$(PIP) install -r requirements/test.txt
 	$(PIP) install --no-deps -r requirements/sglang-test.txt
 	$(MAKE) peers PY="$(PY)"
 	$(MAKE) llamacpp PY="$(PY)"
+	# The llama.cpp demo's peer column is tested against the real llama-server (~9 min to build).
+	$(MAKE) llama-server PY="$(PY)"
 	$(PIP) install -e ".[hf,plot,test,dev]"
 
 .PHONY: test

@@ -29,12 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 from benchmarks.harness import positive_int, run_script
@@ -47,22 +44,7 @@ BIN = Path(
     os.environ.get("LOOKAHEAD_LLAMA_BIN", ROOT / "target" / "llama-server-src" / "build" / "bin")
 )
 OUT = ROOT / "benchmarks" / "out" / "gguf"
-# The server's settings: llama.cpp's n-gram speculators at their defaults, and ngram-mod /
-# ngram-simple tuned for the short drafts a steep verify cost pays for.
-SETTINGS = {
-    "plain": ["--spec-type", "none"],
-    "ngram-mod": ["--spec-type", "ngram-mod"],
-    "ngram-mod-short": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "8",
-                        "--spec-ngram-mod-n-min", "2", "--spec-ngram-mod-n-max", "8"],
-    "ngram-simple": ["--spec-type", "ngram-simple"],
-    "ngram-simple-short": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
-                           "--spec-ngram-simple-size-m", "4"],
-    "ngram-map-k": ["--spec-type", "ngram-map-k"],
-    "ngram-cache": ["--spec-type", "ngram-cache"],
-}  # fmt: skip
 ENGINES = ("plain (engine)", "lookahead")
-START_TIMEOUT_S = 120.0
-REQUEST_TIMEOUT_S = 600.0
 
 
 def gguf_of(quant: str) -> Path:
@@ -81,64 +63,6 @@ def gguf_of(quant: str) -> Path:
         subprocess.run(cmd, check=True, capture_output=True, timeout=600)
         tmp.rename(out)
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """One `llama-server` process on 127.0.0.1 (a context manager: stopped on exit)."""
-
-    def __init__(self, model: Path, args: list[str], threads: int, log: Path):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [str(BIN / "llama-server"), "-m", str(model), "-t", str(threads), "-tb",
-               str(threads), "-c", "4096", "-np", "1", "--host", "127.0.0.1", "--port",
-               str(self.port), *args]  # fmt: skip
-        self.log = log
-        self.proc = subprocess.Popen(
-            cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}): {self.log}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"llama-server not ready in {START_TIMEOUT_S:.0f} s: {self.log}")
-
-    def complete(self, ids: list, n: int) -> dict:
-        body = {"prompt": ids, "n_predict": n, "temperature": 0, "cache_prompt": False,
-                "return_tokens": True}  # fmt: skip
-        req = urllib.request.Request(
-            self.url + "/completion",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-            return json.loads(r.read())
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 def server_row(resp: dict) -> dict:
@@ -163,14 +87,18 @@ def llama_bench(model: Path, threads: int) -> dict:
 
 def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
     from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, plain_generate
+    from lookahead.llamacpp.server import SETTINGS, Server
 
     model = gguf_of(quant)
     bench = llama_bench(model, args.threads)
     plain_m = LlamaCppModel(model, n_ctx=4096, n_threads=args.threads, n_seq_max=1)
     gen = LlamaCppGenerator(LlamaCppModel(model, n_ctx=4096, n_threads=args.threads))
-    servers = {s: Server(model, a, args.threads, log_dir / f"{quant}-{s}.log") for s, a in SETTINGS.items()}  # fmt: skip
+    servers: dict = {}
     rows = []
     try:
+        for s, a in SETTINGS.items():  # all start at once; each is stopped whatever happens
+            log = log_dir / f"{quant}-{s}.log"
+            servers[s] = Server(BIN / "llama-server", model, a, args.threads, log=log)
         for s in servers.values():
             s.wait_ready()
         encoded = [gen.model.encode(q["turns"][0], chat=True) for q in prompts]
@@ -178,7 +106,7 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
         gen.generate(warm, 8)
         for s in servers.values():
             s.complete(warm, 8)
-        methods = [*SETTINGS, *ENGINES]
+        methods = [*servers, *ENGINES]
         for k, (q, ids) in enumerate(zip(prompts, encoded)):
             got = {}
             for m in methods[k % len(methods) :] + methods[: k % len(methods)]:
@@ -209,7 +137,7 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
                          "prompt_tokens": len(ids), "methods": got})  # fmt: skip
     finally:
         for s in servers.values():
-            s.__exit__()
+            s.close()
     costs = gen.sizer.cost_model
     learned = gen.sizer.learned.as_cost_model() if gen.sizer.learned is not None else None
     return {"quant": quant, "model": str(model), "rows": rows, "llama_bench": bench,

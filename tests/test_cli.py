@@ -282,12 +282,13 @@ def test_demo_explains_forks_and_fails_on_a_wrong_token(tmp_path, monkeypatch, c
     assert demo.main(args) == 0
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["rounding_bound"] < 1e-3 and out["pld_tokens"] == demo.PLD_TOKENS
-    assert all(r["verdict"] == "identical" and r["pld_identical"] for r in out["rows"])
+    assert out["peer"] == "prompt lookup"
+    assert all(r["verdict"] == "identical" and r["peer_identical"] for r in out["rows"])
     summary = {s["category"]: s for s in out["summary"]}["overall"]
     assert (summary["identical"], summary["near_tie"], summary["bug"]) == (2, 0, 0)
-    assert "median_speedup_vs_pld" in summary
+    assert "median_speedup_vs_peer" in summary and summary["peer_identical"] == 2
     text = capsys.readouterr().out
-    assert "prompt lookup" in text and "near-tie forks 0, wrong 0" in text
+    assert "prompt lookup" in text and "near-tie forks 0, wrong 0" in text and "vs PLD" in text
 
     # A planted wrong token in lookahead's output: the demo names it a bug and exits 1.
     orig = LookaheadGenerator.generate
@@ -304,7 +305,8 @@ def test_demo_explains_forks_and_fails_on_a_wrong_token(tmp_path, monkeypatch, c
     captured = capsys.readouterr()
     assert "fork @3, BUG" in captured.out and "This is a bug" in captured.err
     out = json.loads((tmp_path / "out.json").read_text())
-    assert out["pld_tokens"] is None and out["rows"][0]["verdict"] == "bug"
+    assert out["pld_tokens"] is None and out["peer"] is None
+    assert out["rows"][0]["verdict"] == "bug" and out["rows"][0]["peer_tokens"] is None
     assert out["rows"][0]["fork"]["position"] == 3
 
 

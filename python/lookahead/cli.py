@@ -127,6 +127,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--no-pld", action="store_true", help="skip HF prompt lookup (run plain and lookahead)"
     )
+    demo.add_argument(
+        "--llama-server",
+        default=None,
+        metavar="PATH",
+        help="with --engine llamacpp: a llama-server binary (`make llama-server` builds "
+        "target/llama-server-src/build/bin/llama-server) to run llama.cpp's own n-gram "
+        "speculator as a column beside plain and lookahead (default: $LOOKAHEAD_LLAMA_SERVER; "
+        "neither: no such column)",
+    )
+    demo.add_argument(
+        "--llama-spec",
+        default=None,
+        metavar="SETTING",
+        help="with --llama-server: its speculator, one of ngram-mod-short (default: ngram-mod "
+        "with n-match 8 and drafts of 2-8, the best on the default model, BENCHMARKS.md "
+        "section 7), ngram-mod, ngram-simple, ngram-simple-short (N = M = 4), ngram-map-k, "
+        "ngram-cache",
+    )
     demo.add_argument("--plot", default=None, help="write a PNG chart here (matplotlib)")
     demo.add_argument("--json", default=None, help="write every row as JSON here")
 
@@ -202,6 +220,9 @@ def _check_args(args) -> str | None:
 
     if args.threads is not None and not 1 <= args.threads <= max_threads():
         return f"--threads must be in [1, {max_threads()}] (4 per CPU here, at most 256)"
+    for flag in ("llama_server", "llama_spec"):  # the demo's llama.cpp peer
+        if args.engine != "llamacpp" and getattr(args, flag, None) is not None:
+            return f"--{flag.replace('_', '-')} is the llama.cpp engine's: add --engine llamacpp"
     if args.engine == "llamacpp":
         from lookahead.llamacpp.commands import engine_problem
 

@@ -16,7 +16,7 @@ import sys
 import time
 from importlib import resources
 
-from lookahead.demo_table import DemoRow, show
+from lookahead.demo_table import DemoRow, Peer, show
 from lookahead.hf.recycling import RECYCLE_MODES
 from lookahead.user_input import decode, loads_json, quote, read_file
 
@@ -97,6 +97,8 @@ def chat_ids(tokenizer, text: str) -> list:
 
 # HF prompt lookup's tokens per draft: the value transformers' docs use.
 PLD_TOKENS = 10
+# The table's peer column: HF prompt lookup.
+PLD = Peer("PLD", "prompt lookup")
 
 
 def plain_generate(model, ids: list, max_new_tokens: int, **kw) -> tuple:
@@ -194,10 +196,10 @@ def run(
             plain_s,
             res,
             explain_fork(model, ids, plain_ids, res.ids, bound),
-            pld_tokens=None if pld_ids is None else len(pld_ids),
-            pld_s=pld_s,
-            pld_identical=None if pld_ids is None else pld_ids == plain_ids,
-            pld_fork=None
+            peer_tokens=None if pld_ids is None else len(pld_ids),
+            peer_s=pld_s,
+            peer_identical=None if pld_ids is None else pld_ids == plain_ids,
+            peer_fork=None
             if pld_ids is None
             else explain_fork(model, ids, plain_ids, pld_ids, bound),
         )
@@ -277,4 +279,4 @@ def main(args) -> int:
         "pld_tokens": PLD_TOKENS if pld else None,
         "rounding_bound": bound,
     }
-    return show(it, len(prompts), args, args.dtype, fields, bound)
+    return show(it, len(prompts), args, args.dtype, fields, bound, PLD)

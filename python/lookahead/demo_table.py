@@ -26,10 +26,10 @@ class DemoRow:
     host_overhead: float  # (draft + mask + verify + KV fix-up) / forward time
     identical: bool
     fork: object = None  # lookahead.forks.Fork where not identical
-    pld_tokens: int | None = None  # None: prompt lookup not run (--no-pld)
-    pld_s: float | None = None
-    pld_identical: bool | None = None
-    pld_fork: object = None
+    peer_tokens: int | None = None  # None: no peer ran (--no-pld; no llama-server)
+    peer_s: float | None = None
+    peer_identical: bool | None = None
+    peer_fork: object = None
 
     @classmethod
     def of(cls, prompt: dict, ids: list, plain_ids: list, plain_s: float, res, fork, **peer):
@@ -61,12 +61,12 @@ class DemoRow:
         return "near-tie" if self.fork is not None and self.fork.near_tie else "bug"
 
     @property
-    def pld_tps(self) -> float | None:
-        return None if self.pld_tokens is None else self.pld_tokens / self.pld_s
+    def peer_tps(self) -> float | None:
+        return None if self.peer_tokens is None else self.peer_tokens / self.peer_s
 
     @property
-    def speedup_vs_pld(self) -> float | None:
-        return None if self.pld_tokens is None else self.lookahead_tps / self.pld_tps
+    def speedup_vs_peer(self) -> float | None:
+        return None if self.peer_tokens is None else self.lookahead_tps / self.peer_tps
 
     @property
     def plain_tps(self) -> float:
@@ -81,10 +81,33 @@ class DemoRow:
         return self.lookahead_tps / self.plain_tps
 
 
-HEADER = (
-    f"{'id':>6} {'category':<14} {'prompt':>6} {'new':>5} {'plain':>7} {'PLD':>7} "
-    f"{'lookahead':>9} {'vs plain':>8} {'vs PLD':>7} {'tok/step':>8}  identical to plain"
-)
+@dataclass(frozen=True)
+class Peer:
+    """The method in the table's peer column (the HF demo's prompt lookup, the llama.cpp
+    demo's llama-server speculator): `column` heads its tok/s and lookahead's speedup over
+    it; `description` names it in the summary line and is the JSON's "peer"."""
+
+    column: str
+    description: str
+
+
+def _widths(peer: Peer) -> tuple[int, int]:
+    """The widths of the peer's tok/s column and of lookahead's speedup over it."""
+    return max(7, len(peer.column)), max(7, len(peer.column) + 3)
+
+
+def format_header(peer: Peer | None = None) -> str:
+    """The table's column names (the peer's two columns only where `peer` is given)."""
+    peer_col = vs_peer = ""
+    if peer is not None:
+        w, vw = _widths(peer)
+        peer_col, vs_peer = f"{peer.column:>{w}} ", f"{'vs ' + peer.column:>{vw}} "
+    return (
+        f"{'id':>6} {'category':<14} {'prompt':>6} {'new':>5} {'plain':>7} {peer_col}"
+        f"{'lookahead':>9} {'vs plain':>8} {vs_peer}{'tok/step':>8}  identical to plain"
+    )
+
+
 RED, RESET = "\033[31m", "\033[0m"
 
 
@@ -95,16 +118,22 @@ def _same(identical, fork, color: bool) -> str:
     return f"{RED}{text}{RESET}" if color and "BUG" in text else text
 
 
-def format_row(r: DemoRow, color: bool = False) -> str:
-    """One table line (tok/s; lookahead's identity, then PLD's when it differs)."""
-    pld = f"{r.pld_tps:>7.1f}" if r.pld_tokens is not None else f"{'-':>7}"
-    vs_pld = f"{r.speedup_vs_pld:>6.2f}x" if r.pld_tokens is not None else f"{'-':>7}"
+def format_row(r: DemoRow, color: bool = False, peer: Peer | None = None) -> str:
+    """One table line (tok/s; lookahead's identity, then the peer's when it differs); the
+    peer's columns where `peer` is given ('-' in them for a row it did not run)."""
+    peer_cols = vs_peer = ""
+    if peer is not None:
+        w, vw = _widths(peer)
+        ran = r.peer_tokens is not None
+        peer_cols = f"{r.peer_tps:>{w}.1f} " if ran else f"{'-':>{w}} "
+        vs_peer = f"{r.speedup_vs_peer:>{vw - 1}.2f}x " if ran else f"{'-':>{vw}} "
     same = _same(r.identical, r.fork, color)
-    if r.pld_identical is False:
-        same += f" (PLD: {_same(False, r.pld_fork, color)})"
+    if r.peer_identical is False:
+        name = peer.column if peer is not None else "peer"
+        same += f" ({name}: {_same(False, r.peer_fork, color)})"
     return (
         f"{r.question_id!s:>6} {r.category:<14} {r.prompt_tokens:>6} {r.lookahead_tokens:>5} "
-        f"{r.plain_tps:>7.1f} {pld} {r.lookahead_tps:>9.1f} {r.speedup:>7.2f}x {vs_pld} "
+        f"{r.plain_tps:>7.1f} {peer_cols}{r.lookahead_tps:>9.1f} {r.speedup:>7.2f}x {vs_peer}"
         f"{r.tokens_per_step:>8.2f}  {same}"
     )
 
@@ -132,29 +161,30 @@ def summarize(rows: list) -> list:
                 "host_overhead": statistics.fmean(r.host_overhead for r in rs),
             }
         )
-        with_pld = [r for r in rs if r.pld_tokens is not None]
-        if with_pld:
+        with_peer = [r for r in rs if r.peer_tokens is not None]
+        if with_peer:
             out[-1].update(
-                median_speedup_vs_pld=statistics.median(r.speedup_vs_pld for r in with_pld),
-                median_pld_speedup=statistics.median(r.pld_tps / r.plain_tps for r in with_pld),
-                pld_tps=statistics.fmean(r.pld_tps for r in with_pld),
-                pld_identical=sum(bool(r.pld_identical) for r in with_pld),
+                median_speedup_vs_peer=statistics.median(r.speedup_vs_peer for r in with_peer),
+                median_peer_speedup=statistics.median(r.peer_tps / r.plain_tps for r in with_peer),
+                peer_tps=statistics.fmean(r.peer_tps for r in with_peer),
+                peer_identical=sum(bool(r.peer_identical) for r in with_peer),
             )
     return out
 
 
-def format_summary(summary: list, dtype: str) -> str:
-    """Summary lines, one per category and one overall."""
+def format_summary(summary: list, dtype: str, peer: Peer | None = None) -> str:
+    """Summary lines, one per category and one overall (`peer` names the peer)."""
     lines = []
     for s in summary:
-        pld = ""
-        if "median_speedup_vs_pld" in s:
-            pld = (
-                f" ({s['median_speedup_vs_pld']:.2f}x prompt lookup, which gets "
-                f"{s['median_pld_speedup']:.2f}x)"
+        vs_peer = ""
+        if "median_speedup_vs_peer" in s:
+            name = peer.description if peer is not None else "the peer"
+            vs_peer = (
+                f" ({s['median_speedup_vs_peer']:.2f}x {name}, which gets "
+                f"{s['median_peer_speedup']:.2f}x)"
             )
         lines.append(
-            f"{s['category']:<14} median speedup {s['median_speedup']:.2f}x{pld}  mean: "
+            f"{s['category']:<14} median speedup {s['median_speedup']:.2f}x{vs_peer}  mean: "
             f"plain {s['plain_tps']:.1f} tok/s  lookahead {s['lookahead_tps']:.1f} tok/s  "
             f"tok/step {s['tokens_per_step']:.2f}  identical {s['identical']}/{s['prompts']}, "
             f"near-tie forks {s['near_tie']}, wrong {s['bug']}  host overhead "
@@ -202,40 +232,45 @@ def busy_note(load: float | None = None, cores: int | None = None) -> str | None
     )
 
 
-def show(rows_iter, n: int, args, label: str, fields: dict, bound: float) -> int:
-    """Prints the table as `rows_iter`'s `DemoRow`s come (a progress bar on stderr), then
-    the summary; writes `args.json` (with `fields`) and `args.plot`; returns 1 if any
-    output differs from plain decoding by more than rounding explains, else 0."""
+def show(
+    rows_iter, n: int, args, label: str, fields: dict, bound: float, peer: Peer | None = None
+) -> int:
+    """Prints the table as `rows_iter`'s `DemoRow`s come (a progress bar on stderr), with
+    `peer`'s columns where given, then the summary; writes `args.json` (with `fields`, and
+    "peer": its description, None where no row ran it) and `args.plot`; returns 1 if any
+    output of lookahead differs from plain decoding by more than rounding explains, else 0."""
     from tqdm import tqdm
 
     color = sys.stdout.isatty()
     rows: list = []
-    print(HEADER)
+    print(format_header(peer))
     with tqdm(total=n, desc="prompts", unit="prompt", file=sys.stderr) as bar:
         for row in rows_iter:
             rows.append(row)
-            tqdm.write(format_row(row, color), file=sys.stdout)
+            tqdm.write(format_row(row, color, peer), file=sys.stdout)
             bar.update(1)
     summary = summarize(rows)
     print()
-    print(format_summary(summary, label))
+    print(format_summary(summary, label, peer))
     busy = busy_note()
     if busy:
         print(busy, file=sys.stderr)
+    ran_peer = peer is not None and any(r.peer_tokens is not None for r in rows)
     if args.json:
         from lookahead.output import command_line, header, write_output
 
         payload = {
             **header(command_line("lookahead", None)),
             **fields,
+            "peer": peer.description if ran_peer else None,
             "rows": [
                 {
                     **asdict(r),
                     "speedup": r.speedup,
                     "plain_tps": r.plain_tps,
                     "lookahead_tps": r.lookahead_tps,
-                    "pld_tps": r.pld_tps,
-                    "speedup_vs_pld": r.speedup_vs_pld,
+                    "peer_tps": r.peer_tps,
+                    "speedup_vs_peer": r.speedup_vs_peer,
                     "verdict": r.verdict,
                 }
                 for r in rows

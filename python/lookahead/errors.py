@@ -1,5 +1,6 @@
 """Exceptions raised by `lookahead`: the Rust core maps each of its errors to one of the first
-ones; the HF engine, the model loader and the SGLang plugin raise the last four.
+ones; the HF engine, the model loader, the SGLang plugin and the llama-server runner raise the
+last five.
 
 `LookaheadError` is the base of all of them; each also derives from the built-in exception
 whose meaning fits, so `except ValueError` / `except KeyError` work as expected.
@@ -19,6 +20,7 @@ __all__ = [
     "PersistError",
     "RequestExists",
     "SaveFileNotFound",
+    "ServerError",
     "UnknownRequest",
     "UnsupportedSGLangVersion",
     "UserInputError",
@@ -86,3 +88,8 @@ class LookaheadConfigError(LookaheadError, ValueError):
 
 class UnsupportedSGLangVersion(LookaheadError, RuntimeError):
     """The installed SGLang is not one the plugin supports."""
+
+
+class ServerError(LookaheadError, RuntimeError):
+    """A `llama-server` (`lookahead.llamacpp.server`) exited or was not ready in time at
+    start-up (the message ends with the end of its log), or refused a request."""

@@ -3,10 +3,13 @@ its generator, and `calibrate` (arguments parsed by `lookahead.cli`)."""
 
 from __future__ import annotations
 
+import os
+
 
 def engine_problem(args) -> str | None:
     """What the llama.cpp engine cannot do of `args` (checked before the model loads), or
-    None: it runs a GGUF file as is, on the CPU, without recycling or a repetition penalty."""
+    None: it runs a GGUF file as is, on the CPU, without recycling or a repetition penalty;
+    the demo's llama-server peer must be a binary it can run, with a known setting."""
     if args.dtype != "auto":
         return "--dtype is the HF engine's: the llama.cpp engine runs the GGUF's own types"
     if args.device != "cpu":
@@ -15,7 +18,34 @@ def engine_problem(args) -> str | None:
         return "--recycle is not in the llama.cpp engine yet"
     if getattr(args, "repetition_penalty", None) not in (None, 1.0):
         return "--repetition-penalty is not in the llama.cpp engine yet"
-    return None
+    return peer_problem(args) if getattr(args, "command", None) == "demo" else None
+
+
+def llama_server(args) -> tuple:
+    """The demo's llama-server binary and where it was named (`--llama-server`, else
+    `$LOOKAHEAD_LLAMA_SERVER`), or (None, None): no peer column."""
+    from lookahead.llamacpp.server import ENV_BINARY
+
+    if getattr(args, "llama_server", None) is not None:
+        return args.llama_server, "--llama-server"
+    if os.environ.get(ENV_BINARY):
+        return os.environ[ENV_BINARY], f"${ENV_BINARY}"
+    return None, None
+
+
+def peer_problem(args) -> str | None:
+    """What is wrong with the demo's llama-server peer (its binary, `--llama-spec`), or None."""
+    from lookahead.llamacpp.server import SPECULATORS, binary_problem
+
+    path, source = llama_server(args)
+    spec = getattr(args, "llama_spec", None)
+    if spec is not None and spec not in SPECULATORS:
+        return f"--llama-spec must be one of {', '.join(SPECULATORS)}, got {spec[:40]!r}"
+    if path is None:
+        if spec is not None:
+            return "--llama-spec needs a llama-server: --llama-server PATH (`make llama-server`)"
+        return None
+    return binary_problem(path, source)
 
 
 def load(args):
