@@ -43,24 +43,6 @@ def test_learnt_costs_converge_on_scripted_forward_times():
     assert learned.curve(5000)[8] == pytest.approx(0.3, rel=0.15)
 
 
-def test_a_width_measured_little_leans_on_the_bands_other_widths():
-    # The start-up prior runs 1.5x low for every multi-row width at this context (as it
-    # did on F16 at 700 tokens): widths measured often teach it, and a width measured once,
-    # or never, past them is read from that evidence, not from the prior.
-    prior = CostModel.from_rows(LINEAR)
-    learned = LearnedCosts(prior)
-    for _ in range(WINDOW):
-        learned.observe(1, 700, 0.1)
-        for rows in (2, 3, 4):
-            learned.observe(rows, 700, 1.5 * rows * 0.1)
-    learned.observe(6, 700, 1.5 * 0.6)
-    c = learned.curve(700)
-    assert c[6] == pytest.approx(0.9, rel=0.05)  # one forward of 6 rows: the band's 1.5x
-    assert c[16] == pytest.approx(1.5 * 1.6, rel=0.15)  # never measured: the band's 1.5x
-    assert c[1] == pytest.approx(0.1, rel=0.05)  # one row as measured, nothing borrowed
-    assert c[3] == pytest.approx(0.45, rel=0.05)
-
-
 def test_learnt_costs_ignore_outliers():
     prior = CostModel.from_rows(LINEAR)
     learned = LearnedCosts(prior)

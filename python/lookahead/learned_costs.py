@@ -5,13 +5,10 @@ so many seconds. `LearnedCosts` keeps, per context band (`BAND_EDGES`) and per r
 last `WINDOW` measurements as ratios to a prior curve (the start-up measurement of
 `lookahead.costs`) and reads a forward's cost as the prior times the *median* of those
 ratios: on a 2-core VM a forward can take 2x its usual time for a minute, or 10x once when a
-neighbour wakes, and a median over 15 steps moves with neither. A multi-row count measured
-a few times in a band leans on what the band's other multi-row counts measured (a prior
-that is off is off for all widths alike, so one width's evidence is the best guess for the
-next); one not measured borrows the ratio of the measured row counts around it
-(interpolated in rows), past the widest the band's pooled one, or all bands' when its band
-has none; the prior alone stands where nothing was measured. No row count is read cheaper
-than one row.
+neighbour wakes, and a median over 15 steps moves with neither. A row count not measured in
+a band borrows the ratio of the measured row counts around it (interpolated in rows), or of
+all bands when its band has none; the prior alone stands where nothing was measured. No
+row count is read cheaper than one row.
 
 So a prior with the wrong shape (measured on a busy machine, or on a first run whose thread
 pools were cold) is corrected where the engine drafts, within `WINDOW` steps, and what was
@@ -46,33 +43,6 @@ def _median(v) -> float:
     return float(s[n // 2]) if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
 
 
-def _shrunk_log_ratios(stats: dict, max_rows: int) -> np.ndarray:
-    """Log-ratios to the prior by rows (index 0 to `max_rows`) from `stats` {rows: (median
-    log-ratio, forwards)} of one band. The narrowest measured row count's median (the root
-    alone, most often) is shrunk towards the prior (0) as `PRIOR_COUNT` forwards of it; a
-    wider row count's towards what all wider row counts of the band measured (their count-weighted median ratios, itself shrunk towards 0), so a
-    width measured once or never borrows the band's evidence instead of the prior's, whose
-    multi-row costs measured at start-up run low at long contexts and under drafts' own
-    shapes (on F16, wide rows were predicted 12-40 % cheaper than they ran: BENCHMARKS.md 7).
-    Between measured row counts it is interpolated; below the narrowest wide one and past
-    the widest, the band's pooled value."""
-    rows = np.arange(max_rows + 1)
-    if not stats:
-        return np.zeros(len(rows))
-    base = min(stats)  # the narrowest forward measured: the root alone, most often
-    wide = [stats[r] for r in stats if r > base]
-    pooled = sum(m * n for m, n in wide) / (sum(n for _, n in wide) + PRIOR_COUNT)
-    points = {}
-    if wide and base + 1 not in stats:
-        points[base + 1] = pooled  # the next width, not measured: the band's wider rows'
-    for r, (m, n) in stats.items():
-        toward = pooled if r > base else 0.0
-        points[r] = (m * n + toward * PRIOR_COUNT) / (n + PRIOR_COUNT)
-    at = sorted(points)
-    vals = [points[r] for r in at]
-    return np.interp(rows, at, vals, right=pooled if wide else vals[-1])
-
-
 class LearnedCosts:
     """Forward seconds by rows and context, learnt from measured forwards around `prior`."""
 
@@ -84,7 +54,7 @@ class LearnedCosts:
         self.window = int(window)
         self.count = 0  # forwards measured in all
         self._obs: dict = {}  # (band, rows) -> deque of log(measured / prior)
-        self._stats: dict = {}  # band -> {rows: (median log-ratio, count)} of `_obs`
+        self._shrunk: dict = {}  # band -> {rows: shrunk median log-ratio} of `_obs`
         self._ratios: dict = {}  # band -> log-ratio by rows (cached until a new measurement)
         self._curves: dict = {}  # 16-token bucket -> curve (cached until a new measurement)
 
@@ -104,8 +74,10 @@ class LearnedCosts:
         if got is None:
             got = self._obs[key] = deque(maxlen=self.window)
         got.append(math.log(seconds / modelled))
-        # Only this key's median changed.
-        self._stats.setdefault(key[0], {})[key[1]] = (_median(got), len(got))
+        # The key's median, shrunk towards the prior: only this key's changed.
+        self._shrunk.setdefault(key[0], {})[key[1]] = (
+            _median(got) * len(got) / (len(got) + PRIOR_COUNT)
+        )
         self.count += 1
         self._ratios.clear()
         self._curves.clear()
@@ -124,13 +96,20 @@ class LearnedCosts:
         got = self._ratios.get(band)
         if got is not None:
             return got
-        mine = self._stats.get(band)
-        if not mine and self._obs:  # nothing in this band: what all bands say, row by row
+        rows = np.arange(self.max_rows + 1)
+        mine = self._shrunk.get(band)
+        if mine:
+            at = sorted(mine)
+            got = np.interp(rows, at, [mine[r] for r in at])
+        elif self._obs:  # nothing in this band: what all bands say, row count by row count
             pooled: dict = {}
             for (_, r), v in self._obs.items():
                 pooled.setdefault(r, []).extend(v)
-            mine = {r: (_median(v), len(v)) for r, v in pooled.items()}
-        got = _shrunk_log_ratios(mine or {}, self.max_rows)
+            at = sorted(pooled)
+            shrunk = [_median(pooled[r]) * len(pooled[r]) / (len(pooled[r]) + PRIOR_COUNT) for r in at]  # fmt: skip
+            got = np.interp(rows, at, shrunk)
+        else:
+            got = np.zeros(len(rows))
         self._ratios[band] = got
         return got
 
