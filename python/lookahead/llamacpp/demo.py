@@ -106,10 +106,12 @@ def _demo(args, prompts, gen, label, plain, server, spec, t0) -> int:
         except ValueError as e:
             raise InvalidInput(f"prompt {p['question_id']} ({p['category']}): {e}") from None
     warm = tree.encode(WARM_UP, chat=True)
-    gen.generate(warm, 4)  # warm-up
     if server is not None:
+        # Ready first: a server still loading takes the cores from the engine's warm-up,
+        # whose forwards the sizer learns from (one-row forwards read 20x dear, measured).
         server.wait_ready()
         server.complete(warm, 4)
+    gen.generate(warm, 4)  # warm-up
     bound = rounding_bound(plain, tree, encoded[0])
     print(
         f"model {tree.path} loaded, start-up cost curve measured"
