@@ -38,7 +38,11 @@ dev:  ## editable install with test and lint tools, SGLang 0.5.23 (no CUDA deps)
 .PHONY: test
 test: dev  ## cargo tests, bounded fuzz run, pytest (CPU; real SGLang CPU servers; no unallowed skip under CI=true), wheel smoke test
 	cargo test --manifest-path rust/Cargo.toml --release
-	$(PY) -m pytest tests
+	# SGLang's NGRAM server JIT-compiles its corpus with `ninja` by name: PY's scripts
+	# folder on PATH, so a venv's python works without the venv activated (a fresh clone
+	# in a new venv failed there: no JIT cache yet, no ninja on PATH).
+	PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" \
+		$(PY) -m pytest tests
 	$(MAKE) wheel-smoke PY="$(PY)"
 
 .PHONY: wheel
