@@ -188,21 +188,12 @@ def run(
                 out[m] = gen.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         plain_ids, plain_s = out["plain"]
         res = out["lookahead"]
-        pld_ids, pld_s = out.get("pld", (None, None))
-        yield DemoRow.of(
-            p,
-            ids,
-            plain_ids,
-            plain_s,
-            res,
-            explain_fork(model, ids, plain_ids, res.ids, bound),
-            peer_tokens=None if pld_ids is None else len(pld_ids),
-            peer_s=pld_s,
-            peer_identical=None if pld_ids is None else pld_ids == plain_ids,
-            peer_fork=None
-            if pld_ids is None
-            else explain_fork(model, ids, plain_ids, pld_ids, bound),
-        )
+        peer = None
+        if "pld" in out:
+            pld_ids, pld_s = out["pld"]
+            peer = (pld_ids, pld_s, explain_fork(model, ids, plain_ids, pld_ids, bound))
+        fork = explain_fork(model, ids, plain_ids, res.ids, bound)
+        yield DemoRow.of(p, ids, plain_ids, plain_s, res, fork, peer)
 
 
 def measure_bound(model, ids: list) -> float:

@@ -32,9 +32,10 @@ class DemoRow:
     peer_fork: object = None
 
     @classmethod
-    def of(cls, prompt: dict, ids: list, plain_ids: list, plain_s: float, res, fork, **peer):
+    def of(cls, prompt: dict, ids: list, plain_ids: list, plain_s: float, res, fork, peer=None):
         """The row of `prompt` (its `ids`): plain's output and seconds, lookahead's
-        `GenerationResult` and its `fork` (None when identical), and the peer's fields."""
+        `GenerationResult` and its `fork` (None when identical), and the peer's (output ids,
+        seconds, fork), or None where no peer ran."""
         s = res.stats
         return cls(
             question_id=prompt["question_id"],
@@ -50,7 +51,16 @@ class DemoRow:
             host_overhead=s.host_overhead,
             identical=plain_ids == res.ids,
             fork=fork,
-            **peer,
+            **(
+                {}
+                if peer is None
+                else dict(
+                    peer_tokens=len(peer[0]),
+                    peer_s=peer[1],
+                    peer_identical=peer[0] == plain_ids,
+                    peer_fork=peer[2],
+                )
+            ),
         )
 
     @property

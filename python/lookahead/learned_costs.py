@@ -43,6 +43,12 @@ def _median(v) -> float:
     return float(s[n // 2]) if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
 
 
+def _shrunk_median(log_ratios) -> float:
+    """The median of some measured log-ratios, shrunk towards the prior's 0 as if the prior
+    were `PRIOR_COUNT` more measurements."""
+    return _median(log_ratios) * len(log_ratios) / (len(log_ratios) + PRIOR_COUNT)
+
+
 class LearnedCosts:
     """Forward seconds by rows and context, learnt from measured forwards around `prior`."""
 
@@ -74,10 +80,7 @@ class LearnedCosts:
         if got is None:
             got = self._obs[key] = deque(maxlen=self.window)
         got.append(math.log(seconds / modelled))
-        # The key's median, shrunk towards the prior: only this key's changed.
-        self._shrunk.setdefault(key[0], {})[key[1]] = (
-            _median(got) * len(got) / (len(got) + PRIOR_COUNT)
-        )
+        self._shrunk.setdefault(key[0], {})[key[1]] = _shrunk_median(got)  # only this key changed
         self.count += 1
         self._ratios.clear()
         self._curves.clear()
@@ -106,8 +109,7 @@ class LearnedCosts:
             for (_, r), v in self._obs.items():
                 pooled.setdefault(r, []).extend(v)
             at = sorted(pooled)
-            shrunk = [_median(pooled[r]) * len(pooled[r]) / (len(pooled[r]) + PRIOR_COUNT) for r in at]  # fmt: skip
-            got = np.interp(rows, at, shrunk)
+            got = np.interp(rows, at, [_shrunk_median(pooled[r]) for r in at])
         else:
             got = np.zeros(len(rows))
         self._ratios[band] = got

@@ -43,17 +43,12 @@ def run(plain, gen, prompts, encoded, max_new_tokens: int, bound: float, server=
                 out[m] = gen.generate(ids, max_new_tokens)
         plain_ids, plain_s = out["plain"]
         res = out["lookahead"]
-        peer = {}
+        peer = None
         if "peer" in out:
             peer_ids, peer_s = out["peer"]
-            peer = {
-                "peer_tokens": len(peer_ids),
-                "peer_s": peer_s,
-                "peer_identical": peer_ids == plain_ids,
-                "peer_fork": explain_fork(plain, ids, plain_ids, peer_ids, bound),
-            }
+            peer = (peer_ids, peer_s, explain_fork(plain, ids, plain_ids, peer_ids, bound))
         fork = explain_fork(plain, ids, plain_ids, res.ids, bound)
-        yield DemoRow.of(p, ids, plain_ids, plain_s, res, fork, **peer)
+        yield DemoRow.of(p, ids, plain_ids, plain_s, res, fork, peer)
 
 
 def main(args, prompts: list) -> int:
