@@ -318,9 +318,22 @@ def test_draft_objects(cache):
     for e in (pickle.loads(pickle.dumps(d)), copy.copy(d)):
         assert isinstance(e, Draft) and e.num_nodes == d.num_nodes
         assert e.tokens.tolist() == d.tokens.tolist() and e.scores.dtype == np.float32
-    assert repr(d).startswith("Draft(tokens=array([8]") and repr(d).endswith("num_nodes=1)")
+        assert e.matched.tolist() == d.matched.tolist() and e.matched.dtype == np.uint8
+    assert repr(d).startswith("Draft(tokens=array([8]") and "num_nodes=1, matched=" in repr(d)
     row = cache.draft_batch([1], budget=3).row(0)
     assert isinstance(row, Draft) and row.tokens.tolist() == d.tokens.tolist()
+    # Built without `matched` (as before it existed): zeros.
+    assert Draft(d.tokens, d.parents, d.scores, 1).matched.tolist() == [0]
+
+
+def test_matched_counts_the_ngram_each_node_continues(cache):
+    cache.extend(1, [5])
+    # Context "5 6 7 5 6 8 5": "8 5" is unseen, "5" continues with 6 (a 1-token match);
+    # then "5 6" continues with 7 and 8 (2 tokens).
+    d = cache.draft(1, budget=4, multi_branch=True)
+    assert d.matched.tolist()[:4] == [0, 1, 2, 2]
+    b = cache.draft_batch([1], budget=4)
+    assert b.matched.dtype == np.uint8 and b.matched[0].tolist() == d.matched.tolist()
 
 
 def test_draft_follows_the_prompt_and_empty_draft(cache):
@@ -536,11 +549,13 @@ def test_draft_batch_pads_to_a_fixed_width():
     c.start_request("a", [1, 2, 3, 1, 2, 3, 1, 2])
     c.start_request("b", [7, 8])  # nothing to draft: the root alone
     plain = c.draft_batch(["a", "b"], budget=3)
-    tokens, parents, scores, num = plain  # a named tuple
-    assert tokens.shape == (2, 4) and num.tolist() == [4, 1]
+    tokens, parents, scores, num, matched = plain  # a named tuple
+    assert tokens.shape == matched.shape == (2, 4) and num.tolist() == [4, 1]
+    assert matched[1].tolist() == [0, 0, 0, 0] and matched[0, 1:].min() > 0
     assert parents[1].tolist() == [-1, -1, -1, -1] and tokens[1, 1:].tolist() == [0, 0, 0]
     wide = c.draft_batch(["a", "b"], budget=3, width=7, pad_parent=0)
     assert wide.tokens.shape == wide.parents.shape == wide.scores.shape == (2, 7)
+    assert wide.matched.shape == (2, 7) and wide.matched[:, 4:].max() == 0
     np.testing.assert_array_equal(wide.tokens[:, :4], plain.tokens)
     np.testing.assert_array_equal(wide.parents[0, :4], plain.parents[0])
     # NGRAM's padding: token-0 children of the root; the root keeps parent -1.

@@ -66,11 +66,15 @@ def batch_draft(rows):
     parents = np.zeros((b, WIDTH), np.int32)
     scores = np.zeros((b, WIDTH), np.float32)
     num = np.zeros(b, np.int32)
+    matched = np.zeros((b, WIDTH), np.uint8)
     for i, (t, p) in enumerate(rows):
         n = len(t)
         tokens[i, :n], parents[i, :n], num[i] = t, p, n
         scores[i, 1:n] = np.linspace(1, 0.5, n - 1)
-    return SimpleNamespace(tokens=tokens, parents=parents, scores=scores, num_nodes=num)
+        matched[i, 1:n] = np.arange(1, n)  # node j: j
+    return SimpleNamespace(
+        tokens=tokens, parents=parents, scores=scores, num_nodes=num, matched=matched
+    )
 
 
 def req(control=None, grammar=None):
@@ -90,7 +94,7 @@ def test_switches_and_budgets_cut_rows_to_a_prefix():
     for row in (1, 2, 3):  # padding as NGRAM pads: token 0, children of the root, score 0
         n = bd.num_nodes[row]
         assert (bd.tokens[row, n:] == 0).all() and (bd.parents[row, n:] == 0).all()
-        assert (bd.scores[row, n:] == 0).all()
+        assert (bd.scores[row, n:] == 0).all() and (bd.matched[row, n:] == 0).all()
 
 
 class Matcher:
@@ -124,6 +128,7 @@ def test_a_grammar_prunes_forbidden_nodes_and_their_subtrees():
     assert cut == 2 and bd.num_nodes[0] == 4
     assert bd.tokens[0, :4].tolist() == [9, 1, 3, 4]
     assert bd.parents[0, :4].tolist() == [-1, 0, 0, 2]
+    assert bd.matched[0].tolist() == [0, 1, 3, 4, 0, 0, 0, 0][:WIDTH]  # moved with their nodes
     assert m.seq == []  # the matcher is left as it was found
 
 

@@ -152,7 +152,7 @@ def test_both_mask_layouts_match_ngrams(plugins_loaded, full_mask):
 
     worker = make_worker(width=8)
     batch = branchy_batch()
-    tokens, parents, _, _ = worker._prepare_draft_tokens(batch)
+    tokens, parents, *_ = worker._prepare_draft_tokens(batch)
     vt = build_verify_tensors(
         tokens, parents, batch.seq_lens, batch.seq_lens_sum, full_mask=full_mask
     )

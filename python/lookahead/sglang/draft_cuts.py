@@ -70,7 +70,12 @@ def grammar_keeps(tokens: np.ndarray, parents: np.ndarray, n: int, matcher: Any,
 def _compact(bd: Any, row: int, keep: list[int]) -> None:
     """Row `row` holds only the nodes `keep` (sorted, 0 first; parents among them)."""
     n = int(bd.num_nodes[row])
-    tokens, parents, scores = bd.tokens[row], bd.parents[row], bd.scores[row]
+    tokens, parents, scores, matched = (
+        bd.tokens[row],
+        bd.parents[row],
+        bd.scores[row],
+        bd.matched[row],
+    )
     where = np.full(n, -1, dtype=np.int64)
     where[keep] = np.arange(len(keep))
     idx = np.asarray(keep, dtype=np.int64)
@@ -78,6 +83,7 @@ def _compact(bd: Any, row: int, keep: list[int]) -> None:
     new_parents[0] = parents[0]
     tokens[: len(keep)] = tokens[idx]
     scores[: len(keep)] = scores[idx]
+    matched[: len(keep)] = matched[idx]
     parents[: len(keep)] = new_parents
     _pad(bd, row, len(keep))
 
@@ -87,6 +93,7 @@ def _pad(bd: Any, row: int, n: int) -> None:
     bd.tokens[row, n:] = 0
     bd.parents[row, n:] = 0
     bd.scores[row, n:] = 0
+    bd.matched[row, n:] = 0
     bd.num_nodes[row] = n
 
 

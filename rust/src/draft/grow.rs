@@ -5,8 +5,8 @@ use std::collections::BinaryHeap;
 
 use super::scoring::keep_best;
 use super::{
-    reported_score, Cand, DraftTree, Scratch, Sources, State, BACKOFF_MIN_MASS, BACKOFF_PER_LEVEL,
-    FRESH, RECYCLE_MAX_MATCH,
+    matched_of, reported_score, Cand, DraftTree, Scratch, Sources, State, BACKOFF_MIN_MASS,
+    BACKOFF_PER_LEVEL, FRESH, RECYCLE_MAX_MATCH,
 };
 
 /// The tree loop's own buffers, kept apart from `Scratch` because `expand` borrows both at once.
@@ -192,10 +192,12 @@ impl Sources<'_> {
             tokens: Vec::with_capacity(cap),
             parents: Vec::with_capacity(cap),
             scores: Vec::with_capacity(cap),
+            matched: Vec::with_capacity(cap),
         };
         tree.tokens.push(root);
         tree.parents.push(-1);
         tree.scores.push(1.0);
+        tree.matched.push(0);
         let root_state = self.match_suffix(ctx);
         if root_state.is_none() && self.recycled_row(ctx, &tree, 0).is_none() {
             return tree;
@@ -320,6 +322,7 @@ impl Sources<'_> {
                 tree.tokens.push(best.token);
                 tree.parents.push(i as i32);
                 tree.scores.push(reported_score(p));
+                tree.matched.push(matched_of(&best));
                 probs.push(p);
                 i = tree.num_nodes() - 1;
                 st = (best.child != FRESH).then_some(best.child);
@@ -350,6 +353,7 @@ impl Sources<'_> {
             tree.tokens.push(cand.token);
             tree.parents.push(parent as i32);
             tree.scores.push(reported_score(prob));
+            tree.matched.push(matched_of(&cand));
             probs.push(prob);
             let room = budget + 1 - tree.num_nodes();
             if room == 0 {

@@ -13,7 +13,8 @@
 //! product along the path, so `score` never grows from a node to its child, and the best
 //! `budget` nodes by score (ties: shallower first) include every kept node's parent. A
 //! mixture of the sources' estimates stays an estimate of the chance that the target
-//! accepts the path, which is what cost-aware sizing reads. Single-branch drafts keep the
+//! accepts the path, which is what cost-aware sizing reads; a node's `matched` is the longest
+//! match of the sources that drafted it. Single-branch drafts keep the
 //! chain that follows the best-scored child at each step.
 
 use rustc_hash::FxHashMap;
@@ -37,6 +38,7 @@ pub fn mix(drafts: &[(DraftTree, f64)], budget: usize, multi_branch: bool) -> Dr
     let mut tokens = vec![root];
     let mut parents = vec![-1i32];
     let mut scores = vec![1.0f64];
+    let mut matched = vec![0u8];
     let mut depth = vec![0u32];
     for (tree, w) in &answering {
         let mut at = vec![0u32; tree.num_nodes()];
@@ -46,10 +48,12 @@ pub fn mix(drafts: &[(DraftTree, f64)], budget: usize, multi_branch: bool) -> Dr
                 tokens.push(tree.tokens[i]);
                 parents.push(p as i32);
                 scores.push(0.0);
+                matched.push(0);
                 depth.push(depth[p as usize] + 1);
                 (tokens.len() - 1) as u32
             });
             scores[u as usize] += w * f64::from(tree.scores[i]) / wsum;
+            matched[u as usize] = matched[u as usize].max(tree.matched[i]);
             at[i] = u;
         }
     }
@@ -95,6 +99,7 @@ pub fn mix(drafts: &[(DraftTree, f64)], budget: usize, multi_branch: bool) -> Dr
         tokens: vec![root],
         parents: vec![-1],
         scores: vec![1.0],
+        matched: vec![0],
     };
     for (j, &u) in keep.iter().enumerate() {
         let u = u as usize;
@@ -104,6 +109,7 @@ pub fn mix(drafts: &[(DraftTree, f64)], budget: usize, multi_branch: bool) -> Dr
         out.tokens.push(tokens[u]);
         out.parents.push(p as i32);
         out.scores.push(reported_score(scores[u]));
+        out.matched.push(matched[u]);
     }
     out
 }

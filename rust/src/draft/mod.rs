@@ -144,6 +144,23 @@ pub struct DraftTree {
     pub tokens: Vec<u32>,
     pub parents: Vec<i32>,
     pub scores: Vec<f32>,
+    /// Per node, the length in tokens of the n-gram (a suffix of context + path to its
+    /// parent) whose continuation the node is: 0 at the root and for a recycled prediction
+    /// no trie continues. A long match is a copy, far likelier than its score says
+    /// (Witten-Bell scores a once-seen continuation 1/2 however long the match): the
+    /// acceptance calibration reads both (`lookahead.calibration`).
+    pub matched: Vec<u8>,
+}
+
+/// A node's `matched` value from the state of its candidate: one less than the child
+/// state's length (0 for a fresh, recycled candidate), capped to fit a `u8`.
+#[inline]
+pub(crate) fn matched_of(c: &Cand) -> u8 {
+    if c.child == FRESH {
+        0
+    } else {
+        c.child.len.saturating_sub(1).min(u32::from(u8::MAX)) as u8
+    }
 }
 
 impl DraftTree {

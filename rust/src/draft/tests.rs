@@ -220,7 +220,34 @@ fn tree(tokens: &[u32], parents: &[i32], scores: &[f32]) -> DraftTree {
         tokens: tokens.to_vec(),
         parents: parents.to_vec(),
         scores: scores.to_vec(),
+        matched: vec![0; tokens.len()],
     }
+}
+
+#[test]
+fn matched_is_the_length_of_the_ngram_a_node_continues() {
+    let p = trie(&[&[1, 2, 3, 9, 2, 3, 4]], 4);
+    let s = src(Some(&p), None, 4);
+    // "1 2 3" -> 9: a 3-token match; "8 2 3" backs off to "2 3".
+    assert_eq!(s.draft(&[1, 2, 3], 1, false).matched, vec![0, 3]);
+    assert_eq!(s.draft(&[8, 2, 3], 1, false).matched, vec![0, 2]);
+    // Down a chain the n-gram grows with the path ("2 3" + 4 ...) up to the window.
+    let d = s.draft(&[5, 2, 3], 8, true);
+    assert_eq!(d.matched.len(), d.num_nodes());
+    for i in 1..d.num_nodes() {
+        assert!((1..4).contains(&d.matched[i]), "{d:?}");
+    }
+}
+
+#[test]
+fn mix_keeps_each_nodes_longest_match() {
+    let mut a = tree(&[7, 1, 2], &[-1, 0, 1], &[1.0, 0.5, 0.25]);
+    a.matched = vec![0, 2, 3];
+    let mut b = tree(&[7, 1, 5], &[-1, 0, 1], &[1.0, 0.5, 0.5]);
+    b.matched = vec![0, 6, 7];
+    let m = mix(&[(a, 1.0), (b, 1.0)], 8, true);
+    let of = |t: u32| m.matched[m.tokens.iter().position(|&x| x == t).unwrap()];
+    assert_eq!((of(1), of(2), of(5)), (6, 3, 7));
 }
 
 #[test]

@@ -245,7 +245,8 @@ impl PyCache {
         to_py(py, &d)
     }
 
-    /// Returns (tokens [B, W], parents [B, W], scores [B, W], num_nodes [B]), W = budget + 1.
+    /// Returns (tokens [B, W], parents [B, W], scores [B, W], num_nodes [B], matched [B, W]),
+    /// W = budget + 1.
     #[allow(clippy::type_complexity)]
     #[pyo3(signature = (rids, budget, multi_branch, threads=1, width=None, pad_parent=-1))]
     #[allow(clippy::too_many_arguments)]
@@ -263,6 +264,7 @@ impl PyCache {
         Bound<'py, PyArray2<i32>>,
         Bound<'py, PyArray2<f32>>,
         Bound<'py, PyArray1<i32>>,
+        Bound<'py, PyArray2<u8>>,
     )> {
         let ids = rids.iter().map(args::rid).collect::<PyResult<Vec<_>>>()?;
         let budget = args::budget(budget)?;
@@ -296,7 +298,7 @@ impl PyCache {
                 )),
             ));
         }
-        let (tok, par, sc, num) = run(py, || {
+        let (tok, par, sc, num, mat) = run(py, || {
             let trees = self
                 .inner
                 .draft_batch(&ids, budget, multi_branch, threads)?;
@@ -304,6 +306,7 @@ impl PyCache {
             let mut par = vec![pad_parent; b * w];
             let mut sc = vec![0f32; b * w];
             let mut num = vec![0i32; b];
+            let mut mat = vec![0u8; b * w];
             for (i, t) in trees.iter().enumerate() {
                 let n = t.num_nodes();
                 for (j, &x) in t.tokens.iter().enumerate() {
@@ -311,9 +314,10 @@ impl PyCache {
                 }
                 par[i * w..i * w + n].copy_from_slice(&t.parents);
                 sc[i * w..i * w + n].copy_from_slice(&t.scores);
+                mat[i * w..i * w + n].copy_from_slice(&t.matched);
                 num[i] = n as i32;
             }
-            Ok((tok, par, sc, num))
+            Ok((tok, par, sc, num, mat))
         })?;
         let shape = [b, w];
         Ok((
@@ -321,6 +325,7 @@ impl PyCache {
             PyArray1::from_vec(py, par).reshape(shape)?,
             PyArray1::from_vec(py, sc).reshape(shape)?,
             PyArray1::from_vec(py, num),
+            PyArray1::from_vec(py, mat).reshape(shape)?,
         ))
     }
 

@@ -9,39 +9,57 @@ use crate::draft::DraftTree;
 
 /// A draft tree for one request; node 0 is the root (the context's last token).
 ///
-/// `tokens`, `parents` (int32, `parents[0] == -1`, `parents[i] < i`) and `scores` (float32,
-/// estimated path probability, 1.0 at the root) all have length `num_nodes`.
+/// `tokens`, `parents` (int32, `parents[0] == -1`, `parents[i] < i`), `scores` (float32,
+/// estimated path probability, 1.0 at the root) and `matched` (uint8, the length of the
+/// n-gram each node continues; 0 at the root and for a recycled prediction) all have length
+/// `num_nodes`. A `Draft` built without `matched` reports zeros.
 #[pyclass(name = "Draft", module = "lookahead._core", frozen, get_all)]
 pub struct PyDraft {
     tokens: Py<PyAny>,
     parents: Py<PyAny>,
     scores: Py<PyAny>,
     num_nodes: usize,
+    matched: Py<PyAny>,
 }
 
 #[pymethods]
 impl PyDraft {
     #[new]
-    fn new(tokens: Py<PyAny>, parents: Py<PyAny>, scores: Py<PyAny>, num_nodes: usize) -> Self {
+    #[pyo3(signature = (tokens, parents, scores, num_nodes, matched=None))]
+    fn new(
+        py: Python<'_>,
+        tokens: Py<PyAny>,
+        parents: Py<PyAny>,
+        scores: Py<PyAny>,
+        num_nodes: usize,
+        matched: Option<Py<PyAny>>,
+    ) -> Self {
+        let matched = matched.unwrap_or_else(|| {
+            PyArray1::<u8>::zeros(py, num_nodes, false)
+                .into_any()
+                .unbind()
+        });
         PyDraft {
             tokens,
             parents,
             scores,
             num_nodes,
+            matched,
         }
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!(
-            "Draft(tokens={}, parents={}, scores={}, num_nodes={})",
+            "Draft(tokens={}, parents={}, scores={}, num_nodes={}, matched={})",
             self.tokens.bind(py).repr()?,
             self.parents.bind(py).repr()?,
             self.scores.bind(py).repr()?,
-            self.num_nodes
+            self.num_nodes,
+            self.matched.bind(py).repr()?,
         ))
     }
 
-    /// Pickles (and copies) as `Draft(tokens, parents, scores, num_nodes)`.
+    /// Pickles (and copies) as `Draft(tokens, parents, scores, num_nodes, matched)`.
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
@@ -54,6 +72,7 @@ impl PyDraft {
                 d.parents.clone_ref(py),
                 d.scores.clone_ref(py),
                 d.num_nodes.into_pyobject(py)?.into_any().unbind(),
+                d.matched.clone_ref(py),
             ],
         )?;
         Ok((slf.get_type().into_any(), args))
@@ -74,6 +93,7 @@ pub fn to_py<'py>(py: Python<'py>, d: &DraftTree) -> PyResult<Bound<'py, PyDraft
             parents: PyArray1::from_slice(py, &d.parents).into_any().unbind(),
             scores: PyArray1::from_slice(py, &d.scores).into_any().unbind(),
             num_nodes: d.num_nodes(),
+            matched: PyArray1::from_slice(py, &d.matched).into_any().unbind(),
         },
     )
 }
