@@ -23,7 +23,7 @@ from collections import defaultdict
 
 import numpy as np
 from lookahead import LookaheadCache
-from lookahead.calibration import AcceptanceCalibration, greedy_outcomes
+from lookahead.calibration import AcceptanceCalibration, learn
 from lookahead.costs import CostModel
 from lookahead.hf.recycling import RECYCLE_K, first_prompt_row
 from lookahead.sizing import AUTO_MAX_NODES, DEEP_ACCEPT, choose_nodes
@@ -63,9 +63,8 @@ FIXED = [(8, 16, 0.85), (4, 8, 0.5), (8, 16, 0.3), (16, 16, 0.3), (16, 32, 0.5)]
 def replay_ours(traces, curve_at, policy, recycle=False):
     """Per category: [emitted tokens, model seconds, steps] of `policy` over the traces:
     ("fixed", budget, max_budget, gate) or ("cost", widest). The cost-aware one learns as
-    the engine does in greedy decoding: from every node of the draft whose outcome the
-    verify of its prefix decides (`greedy_outcomes`), in the regime of the previous step's
-    would-be accepted length. `recycle`: the cache also gets the traces' top-k rows as the
+    the engine does in greedy decoding: from every child of an accepted node, verified or
+    not (`lookahead.calibration.outcomes`). `recycle`: the cache also gets the traces' top-k rows as the
     engine's `recycle="path"` hands them over (the prompt's last `RECYCLE_PROMPT_ROWS`, then
     each step's verified ones); the rejected nodes' rows, which `recycle=True` adds, are not
     in a recording."""
@@ -93,7 +92,7 @@ def replay_ours(traces, curve_at, policy, recycle=False):
                 k = d.num_nodes - 1 if float(d.scores[1:].sum()) >= gate else 0
             else:
                 d = cache.draft(rid, budget=policy[1])
-                e = cal.expected(d.scores[1:], d.parents[1:], last)
+                e = cal.expected(d.scores[1:], d.parents[1:], d.matched[1:])
                 k = choose_nodes(e, curve_at(ctx)) if d.num_nodes > 1 else 0
             a, path = 0, [0]
             if k:
@@ -104,9 +103,8 @@ def replay_ours(traces, curve_at, policy, recycle=False):
             t += _rows(curve_at(ctx), k + 1)
             if policy[0] == "cost" and d.num_nodes > 1:
                 emitted = output[pos : pos + a + 1].tolist()
-                took, known = greedy_outcomes(d.tokens, d.parents, k + 1, path, emitted)
-                cal.observe(d.scores[1:][known], took[known], last_accepted=last)
-                last = int(took.sum())  # what the whole draft would have accepted
+                drafted = (d.tokens, d.parents, d.scores, d.matched)
+                last = learn(cal, drafted, k + 1, path, emitted, False)
             else:
                 last = a
             _extend(cache, rid, rows, output[pos : pos + a + 1], prompt.shape[0] + pos - 1)

@@ -71,12 +71,13 @@ def test_choice_edges():
 def test_calibration_starts_from_the_prior_and_is_monotone():
     cal = AcceptanceCalibration()
     s = np.array([0.01, 0.3, 0.55, 0.97])
-    assert np.allclose(cal.predict(s), [0.01, 0.35, 0.55, 0.975])
+    for m in (0, 1, 3, 12):
+        assert np.allclose(cal.predict(s, np.full(4, m)), [0.025, 0.35, 0.55, 0.975])
     rng = np.random.default_rng(0)
     for _ in range(500):  # reversed evidence: low scores accepted, high ones not
         sc = rng.uniform(0, 1, 16)
-        cal.observe(sc, rng.uniform(0, 1, 16) < 1 - sc)
-    assert np.all(np.diff(cal.table()) >= 0)
+        cal.observe(sc, rng.integers(0, 12, 16), rng.uniform(0, 1, 16) < 1 - sc)
+    assert np.all(np.diff(cal.table(), axis=1) >= 0)
 
 
 @pytest.mark.parametrize("truth", [lambda s: s**2, lambda s: np.minimum(1.0, 0.2 + s)])
@@ -85,24 +86,26 @@ def test_calibration_converges_on_a_scripted_drafter(truth):
     cal = AcceptanceCalibration()
     for _ in range(3000):
         sc = rng.uniform(0, 1, 16) ** 2  # scores crowd low, as the drafter's do
-        cal.observe(sc, rng.uniform(0, 1, 16) < truth(sc))
+        cal.observe(sc, np.zeros(16), rng.uniform(0, 1, 16) < truth(sc))
     mids = (cal.edges + np.append(cal.edges[1:], 1.0)) / 2
     want = truth(mids)
     # Bands are ranges: compare with the truth at their middles, loosely at the wide ones.
-    assert np.max(np.abs(cal.table() - want)) < 0.08
+    assert np.max(np.abs(cal.table()[0] - want)) < 0.08
 
 
 def test_expected_length_respects_the_tree():
     cal = AcceptanceCalibration()
-    # Three siblings of score 0.5 under the root: one path is accepted, so together they
-    # cannot be worth more than 1; a child cannot be likelier than its parent.
-    e = cal.expected(np.array([0.55, 0.55, 0.55, 0.97]), np.array([0, 0, 0, 1]))
-    assert np.allclose(e, [0.55, 1.0, 1.0, 1.55])
-    # Regimes: what follows a deep acceptance is learnt apart from what follows none.
+    # Three siblings of score 0.55 under the root: one path is accepted, so together they
+    # cannot be worth more than 1; a child (conditional score 0.97) is accepted with its
+    # parent's chance times its own.
+    scores = np.array([0.55, 0.55, 0.55, 0.55 * 0.97])
+    e = cal.expected(scores, np.array([0, 0, 0, 1]), np.zeros(4))
+    assert np.allclose(e, [0.55, 1.0, 1.0, 1.0 + 0.55 * 0.975])
+    # Match groups: what follows a long match is learnt apart from what follows a short one.
     for _ in range(300):
-        cal.observe(np.full(4, 0.25), np.ones(4), last_accepted=6)
-    assert cal.predict(np.array([0.25]), 6)[0] > 0.9
-    assert cal.predict(np.array([0.25]), 0)[0] == pytest.approx(0.25)
+        cal.observe(np.full(4, 0.25), np.full(4, 8), np.ones(4))
+    assert cal.predict(np.array([0.25]), np.array([8]))[0] > 0.9
+    assert cal.predict(np.array([0.25]), np.array([1]))[0] == pytest.approx(0.25)
 
 
 def test_calibration_follows_a_change_of_workload():
@@ -111,8 +114,8 @@ def test_calibration_follows_a_change_of_workload():
     for p_true in (0.9, 0.2):
         for _ in range(2000):
             sc = np.full(8, 0.55)
-            cal.observe(sc, rng.uniform(0, 1, 8) < p_true)
-        assert abs(float(cal.predict(np.array([0.55]))[0]) - p_true) < 0.05
+            cal.observe(sc, np.full(8, 2), rng.uniform(0, 1, 8) < p_true)
+        assert abs(float(cal.predict(np.array([0.55]), np.array([2]))[0]) - p_true) < 0.05
 
 
 # -- the curve --------------------------------------------------------------------------
@@ -277,10 +280,8 @@ def test_calibration_learns_from_verify_results(monkeypatch):
         ids = repetitive_prompt(rng, VOCAB)
         res_nodes += gen.generate(ids, max_new_tokens=32, eos_token_id=None).stats.draft_nodes
     cal = gen.sizer.calibration[False]
-    # Greedy steps count the nodes their verify decides: more than they verified.
-    verified = sum(res_nodes)
-    assert 0 < cal.accepted.sum() < cal.offered.sum()
-    assert cal.offered.sum() > verified
+    # Greedy steps count every child of an accepted node, verified or not (`outcomes`).
+    assert sum(res_nodes) > 0 and 0 < cal.accepted.sum() < cal.offered.sum()
     assert gen.sizer.calibration[True].offered.sum() == 0  # greedy steps teach the greedy table
     # Sampled steps teach their own table, from the nodes they verified.
     for seed in range(3):
@@ -328,30 +329,27 @@ def test_default_generator_measures_on_first_use(monkeypatch, tmp_path):
     assert isinstance(gen.cost_model, CostModel) and len(list(tmp_path.iterdir())) == 1
 
 
-def test_greedy_outcomes_reach_past_the_verified_prefix():
-    from lookahead.calibration import greedy_outcomes
+def test_outcomes_reach_past_the_verified_prefix():
+    from lookahead.calibration import outcomes
 
     # root 0 -> 1 (a), 2 (b); 1 -> 3 (c), 4 (d); 3 -> 5 (e); 2 -> 6 (f); 4 -> 7 (g)
     tokens = [9, 10, 11, 12, 13, 14, 15, 16]
     parents = [-1, 0, 0, 1, 1, 3, 2, 4]
-    # Nodes 0-2 verified: node 1 accepted, the target's argmax after it is 13 (node 4).
-    took, known = greedy_outcomes(tokens, parents, 3, path=[0, 1], emitted=[10, 13])
-    # 2 rejected (verified); 3 rejected (not the argmax after 1); 4 accepted though never
-    # verified; 6 rejected (its parent 2 was); 5 and 7 have unverified parents: unknown,
-    # whatever happened to them.
-    assert took.tolist() == [1, 0, 0, 1, 0, 0, 0]
-    assert known.tolist() == [True, True, True, True, False, True, False]
+    # Greedy, nodes 0-2 verified: node 1 accepted, the target's argmax after it is 13.
+    # The children of accepted nodes: 1 followed, 2 not; 3 not (not the argmax after 1),
+    # 4 followed though never verified. Below rejected or unverified nodes: nothing.
+    assert outcomes(tokens, parents, path=[0, 1], emitted=[10, 13]) == ([1, 2, 3, 4], [1, 0, 0, 1])
     # The root alone verified: its children are decided by the bonus token, nothing below.
-    took, known = greedy_outcomes(tokens, parents, 1, path=[0], emitted=[11])
-    assert took.tolist() == [0, 1, 0, 0, 0, 0, 0]
-    assert known.tolist() == [True, True, False, False, False, False, False]
+    assert outcomes(tokens, parents, path=[0], emitted=[11]) == ([1, 2], [0, 1])
+    # Sampled: only verified nodes are known, followed iff on the accepted path.
+    sampled = outcomes(tokens, parents, path=[0, 1], emitted=[10, 13], verified=3)
+    assert sampled == ([1, 2], [1, 0])
 
 
-def test_greedy_outcomes_do_not_bias_deep_nodes():
-    # A chain whose every level is accepted with p = 0.9, root verified alone or one level
-    # more: what is learnt of each level must be its true rate (0.9, 0.81, 0.729), not 0
-    # for levels that could only be known when an ancestor failed.
-    from lookahead.calibration import greedy_outcomes
+def test_outcomes_do_not_bias_deep_nodes():
+    # A chain whose every level is followed with p = 0.9 where its parent was, the root
+    # verified alone or with up to two levels: what is learnt of each level must be 0.9.
+    from lookahead.calibration import outcomes
 
     rng = np.random.default_rng(5)
     seen = np.zeros(3)
@@ -367,10 +365,11 @@ def test_greedy_outcomes_do_not_bias_deep_nodes():
         # The argmax after the last accepted node: the chain's next token iff it agrees.
         bonus = truth[accepted] if depth > accepted else 99
         emitted = truth[:accepted] + [bonus]
-        took, known = greedy_outcomes([9, *truth], [-1, 0, 1, 2], verified, path, emitted)
-        seen += known
-        hits += took * known
-    assert np.allclose(hits / seen, [0.9, 0.81, 0.729], atol=0.02)
+        nodes, followed = outcomes([9, *truth], [-1, 0, 1, 2], path, emitted)
+        for j, f in zip(nodes, followed):
+            seen[j - 1] += 1
+            hits[j - 1] += f
+    assert np.allclose(hits / seen, [0.9, 0.9, 0.9], atol=0.02)
 
 
 def test_measured_forwards_correct_the_curve():

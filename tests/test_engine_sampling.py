@@ -15,7 +15,7 @@ import collections
 
 import pytest
 import torch
-from lookahead import LookaheadCache
+from lookahead import Draft, LookaheadCache
 from lookahead.hf import LookaheadGenerator
 from tiny_models import ScriptedCache, tiny_model
 
@@ -102,17 +102,15 @@ class _FixedTreeCache(ScriptedCache):
         super().__init__([], VOCAB)
 
     def draft(self, rid, budget=16, multi_branch=True):
-        from types import SimpleNamespace
-
         import numpy as np
 
         toks = [self.ctx[-1], 3, 4, 5, 4, 5, 3]
         pars = [-1, 0, 0, 0, 1, 2, 4]
-        return SimpleNamespace(
-            tokens=np.array(toks, dtype=np.int32),
-            parents=np.array(pars, dtype=np.int32),
-            scores=np.zeros(len(toks), dtype=np.float32),
-            num_nodes=len(toks),
+        return Draft(
+            np.array(toks, dtype=np.int32),
+            np.array(pars, dtype=np.int32),
+            np.zeros(len(toks), dtype=np.float32),
+            len(toks),
         )
 
 

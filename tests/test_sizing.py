@@ -163,8 +163,10 @@ def _step(rows, path, drafted=None, last=0, sampled=False, forward_s=0.01):
 def test_fixed_sizer():
     s = FixedSizer(4, 12, 0.5)
     assert s.max_nodes == 12 and s.budget(0) == 4 and s.budget(sizing.DEEP_ACCEPT) == 12
-    assert s.cut(np.array([0.3, 0.3, 0.1]), np.array([0, 1, 0]), 10, 0, False) == 3
-    assert s.cut(np.array([0.3, 0.1]), np.array([0, 1]), 10, 0, False) == 0  # below 0.5
+    assert s.cut(np.array([0.3, 0.3, 0.1]), np.array([0, 1, 0]), np.zeros(3), 10, 0, False) == 3
+    assert (
+        s.cut(np.array([0.3, 0.1]), np.array([0, 1]), np.zeros(2), 10, 0, False) == 0
+    )  # below 0.5
     assert s.observe(_step(3, [0, 1, 2])) == 2
     with pytest.raises(ValueError, match="budget"):
         FixedSizer(-1)
@@ -179,11 +181,11 @@ def test_cost_aware_sizer_cuts_by_the_learnt_curve():
     s.start(None)
     scores = np.full(8, 0.5)
     parents = np.arange(8)  # a chain
-    assert s.cut(scores, parents, 100, 0, False) == 8
+    assert s.cut(scores, parents, np.zeros(8), 100, 0, False) == 8
     for _ in range(WINDOW):
         for r in (1, 2, 5, 9):
             s.observe(_step(r, [0], None, forward_s=float(r)))
-    assert s.cut(scores, parents, 100, 0, False) == 0
+    assert s.cut(scores, parents, np.zeros(8), 100, 0, False) == 0
     with pytest.raises(ValueError, match="costs"):
         CostAwareSizer("fast")
 
@@ -215,19 +217,20 @@ def chain_batch(bs: int, score: float = 0.9):
     tokens = np.tile(10 + depth, (bs, 1)).astype(np.int32)
     parents = np.tile(depth - 1, (bs, 1)).astype(np.int32)
     scores = np.tile(score**depth, (bs, 1)).astype(np.float32)
-    return tokens, parents, scores, np.full(bs, N, dtype=np.int32)
+    matched = np.zeros((bs, N), dtype=np.uint8)
+    return tokens, parents, scores, matched, np.full(bs, N, dtype=np.int32)
 
 
 def serve(sizer, forward_s, accepts, bs=4, steps=160, noise=None):
     """Runs `steps` batched steps: each request accepts `accepts` of its chain (capped by
     the step's width) and a forward of r rows takes `forward_s(r)` seconds (times
     `noise(step)`). Returns the widths chosen, step by step, and whether each explored."""
-    tokens, parents, scores, nodes = chain_batch(bs)
+    tokens, parents, scores, matched, nodes = chain_batch(bs)
     rids = [f"r{i}" for i in range(bs)]
     widths, explored = [], []
     for step in range(steps):
         before = sizer.explored
-        w = sizer.width(rids, tokens, parents, scores, nodes, 300, [False] * bs)
+        w = sizer.width(rids, tokens, parents, scores, matched, nodes, 300, [False] * bs)
         widths.append(w)
         explored.append(sizer.explored > before)
         acc = min(accepts, w - 1)
@@ -286,16 +289,13 @@ def test_serving_sizer_ignores_a_noisy_neighbour():
     assert settled(widths, explored) == 1
 
 
-def test_serving_sizer_caps_the_rows_and_forgets_departed_requests():
+def test_serving_sizer_caps_the_rows():
     sizer = batch_sizing.BatchSizer(N, explore_every=0)
     bs = batch_sizing.BATCH_MAX_ROWS // 2 + 1  # two rows each would pass the widest priced forward
-    tokens, parents, scores, nodes = chain_batch(bs, score=1.0)
+    tokens, parents, scores, matched, nodes = chain_batch(bs, score=1.0)
     rids = list(range(bs))
-    assert sizer.width(rids, tokens, parents, scores, nodes, 100, [True] * bs) == 1
+    assert sizer.width(rids, tokens, parents, scores, matched, nodes, 100, [True] * bs) == 1
     sizer.observe(0.1, 0.0, [[5]] * bs)
-    assert len(sizer._last) == bs
-    sizer.forget(rids)
-    assert sizer._last == {}
     with pytest.raises(ValueError, match="max_width"):
         batch_sizing.BatchSizer(0)
     with pytest.raises(ValueError, match="explore_every"):

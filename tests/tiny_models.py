@@ -8,10 +8,9 @@ Other test files may import this module.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import torch
+from lookahead import Draft
 
 FAMILIES = ("llama", "qwen2", "gemma")
 EOS_ID = 1
@@ -162,9 +161,9 @@ class ScriptedCache:
                 parents.append(prev)
             prev = len(tokens) - 1
         n = len(tokens)
-        return SimpleNamespace(
-            tokens=np.array(tokens, dtype=np.int32),
-            parents=np.array(parents, dtype=np.int32),
-            scores=np.zeros(n, dtype=np.float32),
-            num_nodes=n,
+        return Draft(
+            np.array(tokens, dtype=np.int32),
+            np.array(parents, dtype=np.int32),
+            np.zeros(n, dtype=np.float32),
+            n,
         )

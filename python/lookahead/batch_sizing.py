@@ -76,8 +76,7 @@ class BatchSizer:
     each request's verified nodes (greedy and sampled apart), the forward cost from each
     step's measured forward (`LearnedCosts`, around `batch_prior` until measured), and every
     `explore_every`-th step verifies the least recently measured width instead. One object
-    per engine; per request it keeps only the regime value of its last step (`forget` drops
-    departed requests). Not for several model ranks: their timings differ, so their widths
+    per engine; it keeps nothing per request. Not for several model ranks: their timings differ, so their widths
     would, and every rank must verify the same tree."""
 
     def __init__(self, max_width: int, costs=None, explore_every: int = EXPLORE_EVERY):
@@ -94,26 +93,27 @@ class BatchSizer:
         self.host_s = 0.0
         self.steps = 0
         self.explored = 0
-        self._last: dict = {}  # rid -> regime value of its last verified step
         self._measured_at: dict = {}  # (band, rows) -> step of its last measured forward
         self._step: tuple | None = None  # what `width` chose, until `observe`
 
     def __repr__(self) -> str:
         return f"BatchSizer(max_width={self.max_width}, explore_every={self.explore_every})"
 
-    def width(self, rids, tokens, parents, scores, num_nodes, context_len: int, sampled) -> int:
+    def width(
+        self, rids, tokens, parents, scores, matched, num_nodes, context_len: int, sampled
+    ) -> int:
         """This step's width for requests `rids` whose drafts are `tokens`, `parents`,
-        `scores` `[bs, >= max_width]` (root first, best-first, `num_nodes[b]` real nodes),
-        at a mean of `context_len` cached tokens; `sampled[b]`: request b samples."""
+        `scores`, `matched` `[bs, >= max_width]` (root first, best-first, `num_nodes[b]` real
+        nodes; a `BatchDraft`'s fields), at a mean of `context_len` cached tokens;
+        `sampled[b]`: request b samples."""
         bs = len(rids)
         top = max(1, min(self.max_width, self.learned.max_rows // max(bs, 1)))
         gain = np.full(top, float(bs))  # gain[w - 1]: expected tokens at width w
-        lasts = [self._last.get(rid, 0) for rid in rids]
         for b in range(bs):
             n = min(int(num_nodes[b]), top)
             if n > 1:
                 e = self.calibration[bool(sampled[b])].expected(
-                    scores[b, 1:n], parents[b, 1:n], lasts[b]
+                    scores[b, 1:n], parents[b, 1:n], matched[b, 1:n]
                 )
                 gain[1:n] += e
                 gain[n:] += e[-1]
@@ -127,8 +127,8 @@ class BatchSizer:
             if stale != w:
                 w = stale
                 self.explored += 1
-        picked = (w, lasts, sampled, band, int(context_len))
-        self._step = (list(rids), tokens, parents, scores, num_nodes, *picked)
+        picked = (w, sampled, band, int(context_len))
+        self._step = (list(rids), tokens, parents, scores, matched, num_nodes, *picked)
         return w
 
     def observe(self, forward_s: float, host_s: float, emitted) -> None:
@@ -137,30 +137,24 @@ class BatchSizer:
         bonus, in order)."""
         if self._step is None:
             return
-        rids, tokens, parents, scores, num_nodes, w, lasts, sampled, band, context_len = self._step
+        rids, tokens, parents, scores, matched, num_nodes, w, sampled, band, context_len = (
+            self._step
+        )
         self._step = None
         rows = len(rids) * w
         self.learned.observe(rows, context_len, forward_s)
         self._measured_at[(band, rows)] = self.steps
         if 0.0 <= host_s < math.inf:
             self.host_s += HOST_EMA * (host_s - self.host_s)
-        for b, rid in enumerate(rids):
+        for b in range(len(rids)):
             n = int(num_nodes[b])
             if n <= 1 or b >= len(emitted):
-                self._last[rid] = 0
                 continue
-            drafted = (tokens[b, :n], parents[b, :n], scores[b, :n])
+            drafted = (tokens[b, :n], parents[b, :n], scores[b, :n], matched[b, :n])
             verified = min(n, w)
             path = accepted_path(tokens[b], parents[b], verified, emitted[b])
             s = bool(sampled[b])
-            self._last[rid] = learn(
-                self.calibration[s], drafted, verified, path, emitted[b], s, lasts[b]
-            )
-
-    def forget(self, rids) -> None:
-        """Requests that left: their regime values go."""
-        for rid in rids:
-            self._last.pop(rid, None)
+            learn(self.calibration[s], drafted, verified, path, emitted[b], s)
 
     def describe(self, context_len: int) -> dict:
         """What the sizer holds, for a log line: measured forwards by rows at this context's

@@ -84,11 +84,11 @@ class Step:
     context_len: int  # tokens in the KV cache before the tree
     forward_s: float  # the forward's measured seconds
     host_s: float  # the step's other seconds (draft, tree inputs, verify, KV fix-up)
-    drafted: tuple | None  # (tokens, parents, scores) before the cut, root first; None: none
+    drafted: tuple | None  # (tokens, parents, scores, matched) before the cut, root first
     path: list  # accepted nodes, root first
     emitted: list  # the step's tokens (accepted drafts + the bonus)
     sampled: bool
-    last: int  # the regime value the step was sized in (what `observe` returned before)
+    last: int  # what `observe` returned for the step before
 
 
 class Sizer(Protocol):
@@ -101,14 +101,16 @@ class Sizer(Protocol):
         """Before a request's clock starts: measure or load what the policy needs."""
 
     def budget(self, last: int) -> int:
-        """Nodes to draft for a step after one whose regime value was `last`."""
+        """Nodes to draft for a step after one that accepted `last` (what `observe` said)."""
 
-    def cut(self, scores, parents, context_len: int, last: int, sampled: bool) -> int:
+    def cut(self, scores, parents, matched, context_len: int, last: int, sampled: bool) -> int:
         """How many of the drafted nodes (root excluded; `scores` their path scores,
-        `parents` their parents) to verify: 0 for the root alone."""
+        `parents` their parents, `matched` the n-gram lengths they continue) to verify: 0 for
+        the root alone."""
 
     def observe(self, step: Step) -> int:
-        """Learn from a step; returns its regime value (`last` for the next step)."""
+        """Learn from a step; returns what it accepted (`last` for the next step; in greedy
+        decoding one more where a cut child of its last accepted node would have been)."""
 
     def finish(self) -> None:
         """After a request: keep what was learnt."""
@@ -147,7 +149,7 @@ class FixedSizer:
     def budget(self, last: int) -> int:
         return self.max_nodes if last >= self.deep_accept else self.base
 
-    def cut(self, scores, parents, context_len: int, last: int, sampled: bool) -> int:
+    def cut(self, scores, parents, matched, context_len: int, last: int, sampled: bool) -> int:
         return passes_min_score(scores, len(scores), self.min_score)
 
     def observe(self, step: Step) -> int:
@@ -216,8 +218,8 @@ class CostAwareSizer:
     def budget(self, last: int) -> int:
         return self.max_nodes
 
-    def cut(self, scores, parents, context_len: int, last: int, sampled: bool) -> int:
-        expected = self.calibration[sampled].expected(scores, parents, last)
+    def cut(self, scores, parents, matched, context_len: int, last: int, sampled: bool) -> int:
+        expected = self.calibration[sampled].expected(scores, parents, matched)
         curve = self.learned.curve(context_len)
         k = choose_nodes(expected, curve, self.host_s[sampled])
         return passes_min_score(scores, k, self.min_score)
@@ -229,7 +231,7 @@ class CostAwareSizer:
         if step.drafted is None:
             return len(step.path) - 1
         cal = self.calibration[step.sampled]
-        return learn(cal, step.drafted, step.rows, step.path, step.emitted, step.sampled, step.last)
+        return learn(cal, step.drafted, step.rows, step.path, step.emitted, step.sampled)
 
     def finish(self) -> None:
         """Write the learnt curve back to the cost file (for "auto" costs), at most every

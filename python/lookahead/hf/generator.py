@@ -251,7 +251,7 @@ class LookaheadGenerator:
         sampled = req.cfg.do_sample
         out: list = []
         root = req.ids[-1]
-        last = 0  # the sizer's regime value: what the previous step accepted
+        last = 0  # what the previous step accepted, as the sizer read it
         while True:
             t1 = perf()
             prop = propose(
@@ -263,7 +263,7 @@ class LookaheadGenerator:
                 room=req.max_new - len(out) - 1,
                 multi_branch=req.multi_branch,
                 vocab=self._vocab,
-                cut=lambda s, p, ctx=seq_len, la=last: sizer.cut(s, p, ctx, la, sampled),
+                cut=lambda s, p, m, ctx=seq_len, la=last: sizer.cut(s, p, m, ctx, la, sampled),
             )
             stats.skipped_drafts += prop.skipped
             t2 = perf()

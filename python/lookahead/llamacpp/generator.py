@@ -244,8 +244,8 @@ class LlamaCppGenerator:
                     room=max_new_tokens - len(out),
                     multi_branch=self.multi_branch,
                     vocab=m.n_vocab,
-                    cut=lambda s, par, n=n_past, la=last: self.sizer.cut(
-                        s, par, n, la, cfg.do_sample
+                    cut=lambda s, par, mt, n=n_past, la=last: self.sizer.cut(
+                        s, par, mt, n, la, cfg.do_sample
                     ),
                 )
                 tokens, parents, _ = _fit_branches(p.tokens, p.parents, p.scores, n_seqs)

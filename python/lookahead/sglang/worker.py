@@ -175,8 +175,6 @@ class LookaheadWorker(NGRAMWorker):
                 gone.append(rid)
         ended = gone + self.drafter.release_held(present)
         self.drafter.finish(ended)
-        if self.sizer is not None:
-            self.sizer.forget(ended)
         self._prev_reqs = {req.rid: req for req in batch.reqs}
 
     def _prepare_draft_tokens(self, batch: Any) -> BatchDraft:
@@ -230,6 +228,7 @@ class LookaheadWorker(NGRAMWorker):
             draft.tokens,
             draft.parents,
             draft.scores,
+            draft.matched,
             draft.num_nodes,
             self._context,
             sampled,
