@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from lookahead import batch_sizing, costs, sizing
+from lookahead import batch_sizing, costs, learned_costs, sizing
 from lookahead.cost_checks import clip_plausible, implausible
 from lookahead.costs import CostModel, load_or_measure
 from lookahead.hf import LookaheadGenerator
@@ -41,6 +41,22 @@ def test_learnt_costs_converge_on_scripted_forward_times():
     assert np.all(c[2:] >= c[1])
     # Another band that saw nothing borrows what all bands saw.
     assert learned.curve(5000)[8] == pytest.approx(0.3, rel=0.15)
+
+
+def test_learnt_curves_take_in_forwards_every_few():
+    prior = CostModel.from_rows(LINEAR)
+    learned = LearnedCosts(prior)
+    before = learned.curve(300)[4]
+    for _ in range(learned_costs.REFRESH_EVERY - 1):
+        learned.observe(4, 300, 0.2)
+    assert learned.curve(300)[4] == before  # read back a few forwards late
+    learned.observe(4, 300, 0.2)
+    eighth = learned.curve(300)[4]
+    assert eighth < before
+    learned.observe(4, 300, 0.01)
+    assert learned.curve(300)[4] == eighth
+    learned.refresh()  # on demand (`as_cost_model` does): every forward measured
+    assert learned.curve(300)[4] < eighth
 
 
 def test_learnt_costs_ignore_outliers():

@@ -33,6 +33,10 @@ WINDOW = 15
 # The prior counts as this many measurements of ratio 1 (log-ratio 0): one or two forwards
 # move the estimate part of the way, a full window nearly all of it.
 PRIOR_COUNT = 2.0
+# The curves read back (`curve`) take in new measurements every this many forwards: a curve
+# costs ~5 numpy calls to rebuild, ~45 us right after a forward on llama.cpp's 135M model
+# (the CPU's caches full of weights), and one forward moves a median of 15 little.
+REFRESH_EVERY = 8
 
 
 def _median(v) -> float:
@@ -63,6 +67,7 @@ class LearnedCosts:
         self._shrunk: dict = {}  # band -> {rows: shrunk median log-ratio} of `_obs`
         self._ratios: dict = {}  # band -> log-ratio by rows (cached until a new measurement)
         self._curves: dict = {}  # 16-token bucket -> curve (cached until a new measurement)
+        self._unread = 0  # forwards measured since the cached curves were dropped
 
     @staticmethod
     def band(context_len: int) -> int:
@@ -82,6 +87,13 @@ class LearnedCosts:
         got.append(math.log(seconds / modelled))
         self._shrunk.setdefault(key[0], {})[key[1]] = _shrunk_median(got)  # only this key changed
         self.count += 1
+        self._unread += 1
+        if self._unread >= REFRESH_EVERY:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Drops the cached curves: the next `curve` reads every forward measured."""
+        self._unread = 0
         self._ratios.clear()
         self._curves.clear()
 
@@ -133,6 +145,7 @@ class LearnedCosts:
     def as_cost_model(self) -> CostModel:
         """The prior's grid (its widths and contexts, its key) read off the learnt curves:
         what a later run should start from."""
+        self.refresh()
         p = self.prior
         secs = tuple(tuple(float(self.curve(c)[w]) for w in p.widths) for c in p.contexts)
         return CostModel(p.widths, p.contexts, secs, dict(p.key))

@@ -75,6 +75,19 @@ def test_a_long_generation_keeps_no_stale_cache_entry(model, plain_model):
     assert rejected >= 100, res.stats  # that many nodes verified, then dropped from the cache
 
 
+def test_logits_read_in_place_are_the_copied_ones(plain_model):
+    ids = prompts(1)[0]
+    plain_model.reset()
+    plain_model.prefill(ids[:-1], [0])
+    view = plain_model.decode([ids[-1]], [len(ids) - 1], [[0]], [True], copy=False)
+    got = view.copy()
+    plain_model.seq_rm(0, len(ids) - 1, -1)
+    copied = plain_model.decode([ids[-1]], [len(ids) - 1], [[0]], [True])
+    assert copied.flags.owndata  # a copy of its own
+    np.testing.assert_array_equal(got, copied)
+    assert view.shape == (1, plain_model.n_vocab) and not view.flags.owndata
+
+
 def test_streaming_gives_every_token_once(model):
     seen = []
     res = LlamaCppGenerator(model).generate(

@@ -104,7 +104,7 @@ def plain_generate(
             if times is not None:
                 times["total_s"] = time.perf_counter() - t0
             return out  # it ends at its first end-of-generation token or at the limit
-        row = model.decode([out[-1]], [pos], [[0]], [True])[0]
+        row = model.decode([out[-1]], [pos], [[0]], [True], copy=False)[0]
         pos += 1
 
 
@@ -253,7 +253,7 @@ class LlamaCppGenerator:
                 batch = tree_batch(tokens, parents, n_past, m.n_seq_max)
                 book.ready(len(batch[2][0]), n_past)
                 t2 = time.perf_counter()
-                rows = m.decode(*batch, [True] * len(tokens))
+                rows = m.decode(*batch, [True] * len(tokens), copy=False)  # read at once
                 t3 = time.perf_counter()
                 depth = [q - n_past for q in batch[1]]
                 path, bonus = verdict(rows, tokens, parents, depth, len(out))
