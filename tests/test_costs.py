@@ -108,6 +108,17 @@ def test_expected_length_respects_the_tree():
     assert cal.predict(np.array([0.25]), np.array([1]))[0] == pytest.approx(0.25)
 
 
+def test_a_parent_scored_zero_gives_its_children_no_chance():
+    # The core floors its scores above 0; a hand-built `Draft` may not (CI: a scripted drafter
+    # scoring every node 0 divided by zero here).
+    from lookahead.calibration import conditional
+
+    scores, parents = np.array([0.0, 0.0, 0.5]), np.array([0, 1, 0])
+    assert conditional(scores, parents).tolist() == [0.0, 0.0, 0.5]
+    e = AcceptanceCalibration().expected(scores, parents, np.zeros(3))
+    assert np.isfinite(e).all() and e[-1] == pytest.approx(e[1] + 0.55)
+
+
 def test_calibration_follows_a_change_of_workload():
     rng = np.random.default_rng(2)
     cal = AcceptanceCalibration()

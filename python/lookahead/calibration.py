@@ -37,9 +37,10 @@ def conditional(scores: np.ndarray, parents: np.ndarray) -> np.ndarray:
     """Each node's conditional score, `scores[i] / score of parents[i]`, for the nodes of a
     draft without its root (`parents` index the whole tree: 0 is the root, scored 1)."""
     s = np.asarray(scores, dtype=np.float64)
-    full = np.concatenate(([1.0], s))
-    # Reported scores are floored above 0, so a parent's is never 0.
-    return s / full[np.asarray(parents, dtype=np.int64)]
+    par = np.concatenate(([1.0], s))[np.asarray(parents, dtype=np.int64)]
+    # The core floors its scores above 0; a draft built by hand may score a parent 0, and
+    # then its children say nothing beyond it: conditional score 0.
+    return np.divide(s, par, out=np.zeros_like(s), where=par > 0)
 
 
 class AcceptanceCalibration:
@@ -150,7 +151,8 @@ class AcceptanceCalibration:
         out = [0.0] * len(sc)
         total = 0.0
         for i, p in enumerate(par):
-            cond = sc[i] / (sc[p - 1] if p else 1.0)
+            ps = sc[p - 1] if p else 1.0
+            cond = sc[i] / ps if ps > 0 else 0.0  # as `conditional`
             band = max(bisect.bisect_right(edges, cond) - 1, 0)
             c = rows[bisect.bisect_right(groups, mt[i])][band] * chance[p]
             c = max(min(c, left[p]), 0.0)
@@ -211,8 +213,9 @@ def learn(
     sc = scores.tolist() if isinstance(scores, np.ndarray) else list(scores)
     mt = matched.tolist() if isinstance(matched, np.ndarray) else list(matched)
     pars = parents.tolist() if isinstance(parents, np.ndarray) else list(parents)
-    # The root's reported score is 1, so a node's conditional score is its over its parent's.
-    cond = [sc[j] / sc[pars[j]] for j in nodes]
+    # The root's reported score is 1, so a node's conditional score is its over its parent's
+    # (0 under a parent scored 0, as `conditional`).
+    cond = [sc[j] / sc[pars[j]] if sc[pars[j]] > 0 else 0.0 for j in nodes]
     calibration.observe(cond, [mt[j] for j in nodes], followed)
     # Greedy: the followed children of accepted nodes are the path and, past it, the cut
     # child that would have been accepted (a tree has one child per token).
