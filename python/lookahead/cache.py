@@ -31,14 +31,11 @@ Draft = _core.Draft
 
 
 class BatchDraft(NamedTuple):
-    """Draft trees of B requests padded to width W (default `budget + 1`).
-
-    `tokens`, `parents` int32 [B, W], `scores` float32 [B, W], `num_nodes` int32 [B],
-    `matched` uint8 [B, W] (as `Draft.matched`). Columns `>= num_nodes[b]` hold `tokens = 0`,
-    `scores = 0`, `matched = 0` and `parents = pad_parent` (-1 by default; 0 makes them
-    children of the root, as SGLang's NGRAM pads). A named tuple: made on every batch, it
-    costs a fraction of a frozen dataclass.
-    """
+    """Draft trees of B requests padded to width W (default `budget + 1`): `tokens`, `parents`
+    int32 [B, W], `scores` float32 [B, W], `num_nodes` int32 [B], `matched` uint8 [B, W] (as
+    `Draft.matched`). Columns `>= num_nodes[b]` hold 0 and `parents = pad_parent` (-1 by
+    default; 0 makes them children of the root, as SGLang's NGRAM pads). A named tuple: made on
+    every batch, it costs a fraction of a frozen dataclass."""
 
     tokens: np.ndarray
     parents: np.ndarray
@@ -49,9 +46,8 @@ class BatchDraft(NamedTuple):
     def row(self, b: int) -> Draft:
         """The draft of request `b` without padding."""
         n = int(self.num_nodes[b])
-        return Draft(
-            self.tokens[b, :n], self.parents[b, :n], self.scores[b, :n], n, self.matched[b, :n]
-        )
+        t, p, s, m = (a[b, :n] for a in (self.tokens, self.parents, self.scores, self.matched))
+        return Draft(t, p, s, n, m)
 
 
 # The knobs' defaults, from the core (one source for the wrapper, CLI, SGLang config, docs).
