@@ -43,6 +43,11 @@ def conditional(scores: np.ndarray, parents: np.ndarray) -> np.ndarray:
     return np.divide(s, par, out=np.zeros_like(s), where=par > 0)
 
 
+def _over(score: float, parent: float) -> float:
+    """One node's conditional score, as `conditional` gives it (0 under a parent scored 0)."""
+    return score / parent if parent > 0 else 0.0
+
+
 class AcceptanceCalibration:
     """The chance that the target follows a draft node where it accepted the node's parent,
     from the node's conditional score (`conditional`) and the length of the n-gram it
@@ -151,8 +156,7 @@ class AcceptanceCalibration:
         out = [0.0] * len(sc)
         total = 0.0
         for i, p in enumerate(par):
-            ps = sc[p - 1] if p else 1.0
-            cond = sc[i] / ps if ps > 0 else 0.0  # as `conditional`
+            cond = _over(sc[i], sc[p - 1] if p else 1.0)
             band = max(bisect.bisect_right(edges, cond) - 1, 0)
             c = rows[bisect.bisect_right(groups, mt[i])][band] * chance[p]
             c = max(min(c, left[p]), 0.0)
@@ -213,9 +217,8 @@ def learn(
     sc = scores.tolist() if isinstance(scores, np.ndarray) else list(scores)
     mt = matched.tolist() if isinstance(matched, np.ndarray) else list(matched)
     pars = parents.tolist() if isinstance(parents, np.ndarray) else list(parents)
-    # The root's reported score is 1, so a node's conditional score is its over its parent's
-    # (0 under a parent scored 0, as `conditional`).
-    cond = [sc[j] / sc[pars[j]] if sc[pars[j]] > 0 else 0.0 for j in nodes]
+    # The root's reported score is 1, so a node's conditional score is its over its parent's.
+    cond = [_over(sc[j], sc[pars[j]]) for j in nodes]
     calibration.observe(cond, [mt[j] for j in nodes], followed)
     # Greedy: the followed children of accepted nodes are the path and, past it, the cut
     # child that would have been accepted (a tree has one child per token).
