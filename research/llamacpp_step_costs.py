@@ -8,7 +8,8 @@ decoding and lookahead run one after the other per prompt, in one process, on on
 Every `llama_decode` is timed. Per prompt: plain's forward seconds per token; lookahead's,
 split into its one-row forwards and its drafted ones (chains and trees), each against
 what one plain row at that context costs; and the drafted forwards' time against the
-sizer's learnt curve at the step (what it chose them by). If drafted forwards run dearer
+sizer's learnt curve as it stands after the prompt (so already corrected by these very
+forwards: an under-prediction left there was larger when the sizer chose them). If drafted forwards run dearer
 than the curve says, the sizer over-drafts; if lookahead's tokens per step at their cost
 still lose, the acceptance is what is short.
 """
@@ -28,7 +29,7 @@ class Timed:
     """Wraps a model's `decode`: every forward's (rows, branches, first position, seconds)."""
 
     def __init__(self, model):
-        self.model, self.log, self._decode = model, [], model.decode
+        self.log, self._decode = [], model.decode
         model.decode = self
 
     def __call__(self, tokens, positions, seqs, want, copy=True):
@@ -58,7 +59,7 @@ def main(argv: list[str]) -> int:
     qs = [q for q in select_questions(DEFAULT_QUESTIONS, args.prompts)
           if q["category"] == args.category]  # fmt: skip
     n = args.max_new_tokens
-    tot = {"plain": 0.0, "la": 0.0, "one": 0.0, "drafted": 0.0, "model": 0.0, "base": 0.0}
+    tot = {"plain": 0.0, "la": 0.0, "drafted": 0.0, "model": 0.0, "base": 0.0}
     toks = {"plain": 0, "la": 0}
     for q in qs:
         ids = m.encode(q["turns"][0], chat=True)
