@@ -80,13 +80,20 @@ peers:  ## install the benchmark peers (SGLang NGRAM corpus, SuffixDecoding, num
 	PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" \
 		$(PIP) install --no-deps --no-build-isolation -r requirements/peers.txt
 
+# ggml's AMX kernels (built by -march=native on a CPU that reports AMX) crash the first forward
+# of two or more rows: on this project's Xeon VMs, an invalid tile config (#GP at ldtilecfg, #UD
+# at tilezero, llama.cpp PR #26954). Both builds leave them out; REPACK and AVX512 stay.
+NO_AMX := $(if $(filter x86_64 amd64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+
 .PHONY: llamacpp
 llamacpp:  ## the llama.cpp engine's llama-cpp-python 0.3.36, built from source (CPU; ~6-10 min on 2 cores)
 	$(PIP) install nanobind==3.1.0 ninja==1.13.2 cmake==4.4.5 scikit-build-core==0.12.2
-	$(PY) -c 'import llama_cpp' 2>/dev/null && echo "llama-cpp-python is installed" || \
+	$(PY) -c 'import llama_cpp as l, sys; sys.exit(b"AMX_INT8 = 1" in l.llama_print_system_info())' \
+		2>/dev/null && echo "llama-cpp-python is installed" || \
 		PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" \
-		CMAKE_ARGS="-DLLAVA_BUILD=OFF" \
-		$(PIP) install --no-deps --no-build-isolation -r requirements/llamacpp.txt
+		CMAKE_ARGS="-DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" \
+		$(PIP) install --no-deps --no-build-isolation --force-reinstall --no-cache-dir \
+		-r requirements/llamacpp.txt
 
 .PHONY: llama-server
 llama-server:  ## llama.cpp's llama-server, llama-bench, llama-quantize from the pinned llama-cpp-python sdist (benchmark peers, not shipped; ~10 min)
@@ -102,7 +109,8 @@ llama-server:  ## llama.cpp's llama-server, llama-bench, llama-quantize from the
 		cmake -S target/llama-server-src/llama_cpp_python-*/vendor/llama.cpp \
 		-B target/llama-server-src/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
 		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-		-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DGGML_NATIVE=ON && \
+		-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DGGML_NATIVE=ON \
+		-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)" && \
 		ninja -C target/llama-server-src/build llama-server llama-bench llama-quantize
 
 .PHONY: bench-llamacpp

@@ -4,6 +4,9 @@ cache keeps no stale entry, and bad inputs fail clearly."""
 
 from __future__ import annotations
 
+import types
+import warnings
+
 import numpy as np
 import pytest
 from lookahead import LookaheadCache
@@ -14,6 +17,7 @@ pytest.importorskip("llama_cpp", reason="needs the llamacpp extra (make llamacpp
 
 from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, plain_generate  # noqa: E402
 from lookahead.llamacpp.generator import sampling_config  # noqa: E402
+from lookahead.llamacpp.model import load_params  # noqa: E402
 from tiny_gguf import write_tiny_llama  # noqa: E402
 
 VOCAB = 97
@@ -73,6 +77,48 @@ def test_a_long_generation_keeps_no_stale_cache_entry(model, plain_model):
     assert res.ids == plain_generate(plain_model, ids, 400)
     rejected = sum(res.stats.draft_nodes) - sum(res.stats.accepted)
     assert rejected >= 100, res.stats  # that many nodes verified, then dropped from the cache
+
+
+def test_a_quantized_gguf_verifies_trees(tmp_path):
+    # Q4_1 matrices of 128 x 256 are what ggml's AMX kernels take: in a build that has them
+    # (llama-cpp-python built natively on a Xeon that reports AMX) the first forward of two
+    # rows killed the process (SIGSEGV) before `load_params` left them out.
+    path = write_tiny_llama(tmp_path / "q4_1.gguf", vocab=VOCAB, hidden=128, ff=256,
+                            repeat_bias=3.0, quant="Q4_1")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the AMX notice, where it applies
+        m = LlamaCppModel(path, n_ctx=512, n_threads=2)
+    try:
+        ids = prompts(1, seed=5)[0]
+        res = LlamaCppGenerator(m, sizer=FixedSizer(8, 16)).generate(ids, max_new_tokens=40)
+        assert len(res.ids) == 40 and all(0 <= t < VOCAB for t in res.ids)
+        assert max(res.stats.draft_nodes) > 1  # a forward of several rows ran
+        assert res.ids[0] == plain_generate(m, ids, 1)[0]  # a one-row forward agrees
+    finally:
+        m.close()
+
+
+class _FakeLlama:
+    """`llama_print_system_info` and default model parameters, as llama_cpp gives them."""
+
+    def __init__(self, info: bytes):
+        self.info = info
+
+    def llama_print_system_info(self) -> bytes:
+        return self.info
+
+    def llama_model_default_params(self):
+        return types.SimpleNamespace(use_extra_bufts=True)
+
+
+def test_a_build_with_amx_kernels_loads_without_them():
+    with pytest.warns(RuntimeWarning, match="AMX kernels.*-mno-amx-int8"):
+        mp = load_params(_FakeLlama(b"CPU : AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | "))
+    assert mp.use_extra_bufts is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mp = load_params(_FakeLlama(b"CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 | "))
+    assert mp.use_extra_bufts is True
 
 
 def test_logits_read_in_place_are_the_copied_ones(plain_model):

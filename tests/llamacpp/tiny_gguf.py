@@ -38,8 +38,11 @@ def write_tiny_llama(
     seed: int = 0,
     repeat_bias: float = 0.0,
     tokenizer: bool = False,
+    quant: str = "F32",
 ) -> Path:
-    """Writes the model; F32 weights drawn from N(0, 0.02 * 5). `repeat_bias` adds to the
+    """Writes the model; F32 weights drawn from N(0, 0.02 * 5). `quant`: "Q4_1" stores the
+    blocks' matrices in Q4_1 (`hidden` and `ff` multiples of 32), as the default model's GGUF
+    does: the kernels a quantized GGUF runs, AMX's where a build has them. `repeat_bias` adds to the
     output head the embedding matrix (tied-like), so a token tends to predict tokens that
     followed it in the context: outputs that repeat, which drafts can then copy.
     `tokenizer`: give it `TOKENS` (the vocabulary is then their count, `vocab` ignored)."""
@@ -73,22 +76,34 @@ def write_tiny_llama(
     else:
         wr.add_tokenizer_model("none")
     wr.add_vocab_size(vocab)
-    wr.add_file_type(gguf.LlamaFileType.ALL_F32)
+    wr.add_file_type(
+        gguf.LlamaFileType.ALL_F32 if quant == "F32" else gguf.LlamaFileType.MOSTLY_Q4_1
+    )
     emb = w(vocab, hidden)
     wr.add_tensor("token_embd.weight", emb)
     wr.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
     wr.add_tensor("output.weight", (w(vocab, hidden) + repeat_bias * emb).astype(np.float32))
     kv = hidden // heads * kv_heads
+    if quant not in ("F32", "Q4_1"):
+        raise ValueError(f"quant must be F32 or Q4_1, got {quant!r}")
+
+    def matrix(*shape):
+        m = w(*shape)
+        if quant == "F32":
+            return {"tensor": m}
+        q = gguf.GGMLQuantizationType.Q4_1
+        return {"tensor": gguf.quants.quantize(m, q), "raw_dtype": q}
+
     for i in range(layers):
         wr.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
-        wr.add_tensor(f"blk.{i}.attn_q.weight", w(hidden, hidden))
-        wr.add_tensor(f"blk.{i}.attn_k.weight", w(kv, hidden))
-        wr.add_tensor(f"blk.{i}.attn_v.weight", w(kv, hidden))
-        wr.add_tensor(f"blk.{i}.attn_output.weight", w(hidden, hidden))
+        wr.add_tensor(f"blk.{i}.attn_q.weight", **matrix(hidden, hidden))
+        wr.add_tensor(f"blk.{i}.attn_k.weight", **matrix(kv, hidden))
+        wr.add_tensor(f"blk.{i}.attn_v.weight", **matrix(kv, hidden))
+        wr.add_tensor(f"blk.{i}.attn_output.weight", **matrix(hidden, hidden))
         wr.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
-        wr.add_tensor(f"blk.{i}.ffn_gate.weight", w(ff, hidden))
-        wr.add_tensor(f"blk.{i}.ffn_up.weight", w(ff, hidden))
-        wr.add_tensor(f"blk.{i}.ffn_down.weight", w(hidden, ff))
+        wr.add_tensor(f"blk.{i}.ffn_gate.weight", **matrix(ff, hidden))
+        wr.add_tensor(f"blk.{i}.ffn_up.weight", **matrix(ff, hidden))
+        wr.add_tensor(f"blk.{i}.ffn_down.weight", **matrix(hidden, ff))
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,36 @@ def default_threads() -> int:
         return max(os.cpu_count() or 1, 1)
 
 
+def amx_kernels(ll) -> bool:
+    """Whether this llama.cpp was built with ggml's AMX kernels (`-march=native` on a CPU that
+    reports AMX). On this project's Xeon VMs they crash the first forward of two or more rows
+    (SIGILL at `tilezero`, SIGSEGV at `ldtilecfg`: the tile config the kernel loads is not the
+    one it built, llama.cpp PR #26954), so a model is loaded without them (`load_params`)."""
+    return b"AMX_INT8 = 1" in ll.llama_print_system_info()
+
+
+def load_params(ll):
+    """llama.cpp's model parameters for this engine: the defaults, but without the extra
+    buffer types when the build has AMX kernels (llama.cpp runs a weight through them only from
+    an AMX buffer, an extra buffer type). That also drops ggml's weight repacking, so it warns:
+    `make llamacpp` builds without AMX (`-mno-amx-tile -mno-amx-int8 -mno-amx-bf16`) and keeps
+    repacking."""
+    mp = ll.llama_model_default_params()
+    if amx_kernels(ll):
+        mp.use_extra_bufts = False
+        warnings.warn(
+            "this llama-cpp-python was built with ggml's AMX kernels, which crash forwards of "
+            "two or more rows on some CPUs (llama.cpp PR #26954): loading without them and "
+            "without weight repacking. Rebuild it without AMX to repack again: CMAKE_ARGS="
+            "\"-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS="
+            "'-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'\" pip install --force-reinstall "
+            "--no-deps --no-build-isolation llama-cpp-python==0.3.36 (or `make llamacpp`)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return mp
+
+
 _LOG_CB = None  # llama.cpp keeps the pointer: the callback must outlive every call
 
 
@@ -97,7 +128,7 @@ class LlamaCppModel:
         if not verbose:
             _quiet(ll)
         ll.llama_backend_init()
-        mp = ll.llama_model_default_params()
+        mp = load_params(ll)
         self.model = ll.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (damaged or unsupported)")
