@@ -40,12 +40,15 @@ def write_tiny_llama(
     tokenizer: bool = False,
     quant: str = "F32",
 ) -> Path:
-    """Writes the model; F32 weights drawn from N(0, 0.02 * 5). `quant`: "Q4_1" stores the
-    blocks' matrices in Q4_1 (`hidden` and `ff` multiples of 32), as the default model's GGUF
-    does: the kernels a quantized GGUF runs, AMX's where a build has them. `repeat_bias` adds to the
+    """Writes the model; F32 weights drawn from N(0, 0.02 * 5). `repeat_bias` adds to the
     output head the embedding matrix (tied-like), so a token tends to predict tokens that
     followed it in the context: outputs that repeat, which drafts can then copy.
-    `tokenizer`: give it `TOKENS` (the vocabulary is then their count, `vocab` ignored)."""
+    `tokenizer`: give it `TOKENS` (the vocabulary is then their count, `vocab` ignored).
+    `quant`: "Q4_1" stores the blocks' matrices in Q4_1 (`hidden` and `ff` multiples of 32),
+    as the default model's GGUF does: the kernels a quantized GGUF runs, AMX's where a build
+    has them."""
+    if quant not in ("F32", "Q4_1"):
+        raise ValueError(f"quant must be F32 or Q4_1, got {quant!r}")
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -84,8 +87,6 @@ def write_tiny_llama(
     wr.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
     wr.add_tensor("output.weight", (w(vocab, hidden) + repeat_bias * emb).astype(np.float32))
     kv = hidden // heads * kv_heads
-    if quant not in ("F32", "Q4_1"):
-        raise ValueError(f"quant must be F32 or Q4_1, got {quant!r}")
 
     def matrix(*shape):
         m = w(*shape)

@@ -63,6 +63,10 @@ def default_threads() -> int:
         return max(os.cpu_count() or 1, 1)
 
 
+# The compiler flags that build llama.cpp without ggml's AMX kernels (`make llamacpp` passes them).
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
 def amx_kernels(ll) -> bool:
     """Whether this llama.cpp was built with ggml's AMX kernels (`-march=native` on a CPU that
     reports AMX). On this project's Xeon VMs they crash the first forward of two or more rows
@@ -75,8 +79,7 @@ def load_params(ll):
     """llama.cpp's model parameters for this engine: the defaults, but without the extra
     buffer types when the build has AMX kernels (llama.cpp runs a weight through them only from
     an AMX buffer, an extra buffer type). That also drops ggml's weight repacking, so it warns:
-    `make llamacpp` builds without AMX (`-mno-amx-tile -mno-amx-int8 -mno-amx-bf16`) and keeps
-    repacking."""
+    `make llamacpp` builds without AMX (`NO_AMX_FLAGS`) and keeps repacking."""
     mp = ll.llama_model_default_params()
     if amx_kernels(ll):
         mp.use_extra_bufts = False
@@ -84,9 +87,9 @@ def load_params(ll):
             "this llama-cpp-python was built with ggml's AMX kernels, which crash forwards of "
             "two or more rows on some CPUs (llama.cpp PR #26954): loading without them and "
             "without weight repacking. Rebuild it without AMX to repack again: CMAKE_ARGS="
-            "\"-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS="
-            "'-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'\" pip install --force-reinstall "
-            "--no-deps --no-build-isolation llama-cpp-python==0.3.36 (or `make llamacpp`)",
+            f"\"-DCMAKE_C_FLAGS='{NO_AMX_FLAGS}' -DCMAKE_CXX_FLAGS='{NO_AMX_FLAGS}'\" pip "
+            "install --force-reinstall --no-cache-dir --no-deps --no-build-isolation "
+            "llama-cpp-python==0.3.36 (or `make llamacpp`)",
             RuntimeWarning,
             stacklevel=3,
         )
