@@ -45,6 +45,9 @@ BIN = Path(
 )
 OUT = ROOT / "benchmarks" / "out" / "gguf"
 ENGINES = ("plain (engine)", "lookahead")
+# Plain llama-server with llama.cpp's own flash-attention default (`auto`: on for the CPU),
+# beside every other method at `--flash-attn` (default off, `LlamaCppModel`'s default).
+FA_AUTO = "plain (fa auto)"
 
 
 def gguf_of(quant: str) -> Path:
@@ -74,12 +77,13 @@ def server_row(resp: dict) -> dict:
     return row
 
 
-def llama_bench(model: Path, threads: int) -> dict:
+def llama_bench(model: Path, threads: int, flash_attn: str = "off") -> dict:
     """`llama-bench -p W -n 0` seconds per forward of W prompt tokens, by W."""
     ws = "1,2,3,4,6,8,12,16,24,32"
+    fa = {"off": "0", "on": "1", "auto": "-1"}[flash_attn]
     out = subprocess.run(
         [str(BIN / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", ws, "-n", "0",
-         "-r", "5", "-o", "json"],
+         "-fa", fa, "-r", "5", "-o", "json"],
         check=True, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     return {int(r["n_prompt"]): r["avg_ns"] / 1e9 for r in json.loads(out.stdout)}
@@ -90,15 +94,20 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
     from lookahead.llamacpp.server import SETTINGS, Server
 
     model = gguf_of(quant)
-    bench = llama_bench(model, args.threads)
-    plain_m = LlamaCppModel(model, n_ctx=4096, n_threads=args.threads, n_seq_max=1)
-    gen = LlamaCppGenerator(LlamaCppModel(model, n_ctx=4096, n_threads=args.threads))
+    fa = args.flash_attn
+    bench = llama_bench(model, args.threads, fa)
+    plain_m = LlamaCppModel(model, 4096, args.threads, n_seq_max=1, flash_attn=fa)
+    gen = LlamaCppGenerator(LlamaCppModel(model, 4096, args.threads, flash_attn=fa))
     servers: dict = {}
     rows = []
+    settings = {**SETTINGS, FA_AUTO: SETTINGS["plain"]} if fa != "auto" else SETTINGS
     try:
-        for s, a in SETTINGS.items():  # all start at once; each is stopped whatever happens
-            log = log_dir / f"{quant}-{s}.log"
-            servers[s] = Server(BIN / "llama-server", model, a, args.threads, log=log)
+        for s, a in settings.items():  # all start at once; each is stopped whatever happens
+            log = log_dir / f"{quant}-{s.replace(' ', '-')}.log"
+            sfa = "auto" if s == FA_AUTO else fa
+            servers[s] = Server(
+                BIN / "llama-server", model, a, args.threads, log=log, flash_attn=sfa
+            )
         for s in servers.values():
             s.wait_ready()
         encoded = [gen.model.encode(q["turns"][0], chat=True) for q in prompts]
@@ -140,7 +149,8 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
             s.close()
     costs = gen.sizer.cost_model
     learned = gen.sizer.learned.as_cost_model() if gen.sizer.learned is not None else None
-    return {"quant": quant, "model": str(model), "rows": rows, "llama_bench": bench,
+    return {"quant": quant, "model": str(model), "flash_attn": fa, "rows": rows,
+            "llama_bench": bench,
             "start_up_costs": costs.to_json() if costs else None,
             "learned_costs": learned.to_json() if learned else None}  # fmt: skip
 
@@ -184,7 +194,7 @@ def print_tables(result: dict, summary: list) -> None:
               f"identical {s['identical']}/{s['prompts']}{extra}")  # fmt: skip
     bench = {int(w): t for w, t in result["llama_bench"].items()}  # JSON keys are strings
     print(f"\nforward of W rows relative to W=1 ({q}; W=1 ms in brackets)")
-    print(f"llama-bench -p W -n 0 (logits: last row)  [{1e3 * bench[1]:.1f}] "
+    print(f"llama-bench -p W -n 0 -fa {result.get('flash_attn', 'auto')} (logits: last row)  [{1e3 * bench[1]:.1f}] "
           + " ".join(f"W={w} {t / bench[1]:.2f}x" for w, t in sorted(bench.items()) if w > 1))  # fmt: skip
     for name in ("start_up_costs", "learned_costs"):
         c = result[name]
@@ -201,6 +211,8 @@ def main(argv=None) -> int:
     p.add_argument("--per-category", type=positive_int, default=3)
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--flash-attn", choices=("off", "on", "auto"), default="off",
+                   help="llama.cpp's flash attention for every method but `plain (fa auto)`")  # fmt: skip
     p.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
     p.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "llamacpp_logs"))
     p.add_argument("--bin", default=None, help=f"llama.cpp binaries' folder (default {BIN})")

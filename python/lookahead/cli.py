@@ -50,6 +50,15 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         help="CPU threads, 1 to 4 per CPU (at most 256): torch's (default: torch's choice), or "
         "llama.cpp's with --engine llamacpp (default: the CPUs this process may use)",
     )
+    p.add_argument(
+        "--flash-attn",
+        choices=("off", "on", "auto"),
+        default=None,
+        help="with --engine llamacpp: llama.cpp's flash attention for every forward, the "
+        "plain run's and the demo's llama-server too (default off: on the CPU its kernel makes "
+        "each row of a verify forward cost nearly a full row at long contexts; auto is "
+        "llama.cpp's default, on)",
+    )
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -220,7 +229,7 @@ def _check_args(args) -> str | None:
 
     if args.threads is not None and not 1 <= args.threads <= max_threads():
         return f"--threads must be in [1, {max_threads()}] (4 per CPU here, at most 256)"
-    for flag in ("llama_server", "llama_spec"):  # the demo's llama.cpp peer
+    for flag in ("llama_server", "llama_spec", "flash_attn"):  # the llama.cpp engine's
         if args.engine != "llamacpp" and getattr(args, flag, None) is not None:
             return f"--{flag.replace('_', '-')} is the llama.cpp engine's: add --engine llamacpp"
     if args.engine == "llamacpp":

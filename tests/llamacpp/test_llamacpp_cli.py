@@ -24,7 +24,9 @@ def test_generate_streams_the_text_and_reports_the_steps(gguf, capsys):
     assert cli.main(argv) == 0
     out, err = capsys.readouterr()
     assert out.strip() and "12 tokens in" in err and "llama.cpp, text.gguf" in err
-    assert "FixedSizer" in err
+    assert "FixedSizer" in err and "flash attention off" in err
+    assert cli.main([*argv, "--flash-attn", "on"]) == 0
+    assert "flash attention on" in capsys.readouterr().err
     assert cli.main([*argv, "--sample", "--temperature", "0.8", "--seed", "4"]) == 0
 
 
@@ -67,6 +69,11 @@ def test_what_the_engine_cannot_do_is_refused_before_loading(gguf, extra, messag
     argv = ["generate", "--engine", "llamacpp", "--model", gguf, "--prompt", "x", *extra]
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_flash_attention_is_the_llama_cpp_engines_knob(capsys):
+    assert cli.main(["generate", "--prompt", "x", "--flash-attn", "on"]) == 2
+    assert "--flash-attn is the llama.cpp engine's" in capsys.readouterr().err
 
 
 def test_a_missing_gguf_is_one_line(tmp_path, capsys):

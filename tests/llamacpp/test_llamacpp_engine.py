@@ -262,3 +262,26 @@ def test_threads_default_to_the_cpus_this_process_may_use(gguf_path):
         assert m.threads == default_threads() == len(os.sched_getaffinity(0))
     finally:
         m.close()
+
+
+def test_flash_attention_is_off_unless_asked_and_lookahead_is_exact_either_way(gguf_path):
+    ids = prompts(3, seed=5)
+    for fa in ("on", "auto"):
+        plain = LlamaCppModel(gguf_path, n_ctx=512, n_threads=2, n_seq_max=1, flash_attn=fa)
+        tree = LlamaCppModel(gguf_path, n_ctx=512, n_threads=2, flash_attn=fa)
+        try:
+            assert plain.flash_attn == tree.flash_attn == fa
+            gen = LlamaCppGenerator(tree, sizer=FixedSizer(8, 16))
+            for p in ids:
+                assert gen.generate(p, max_new_tokens=32).ids == plain_generate(plain, p, 32)
+        finally:
+            plain.close()
+            tree.close()
+    m = LlamaCppModel(gguf_path, n_ctx=256, n_seq_max=1)
+    try:
+        assert m.flash_attn == "off"
+    finally:
+        m.close()
+    for bad in ("yes", None, ["off"]):
+        with pytest.raises(ValueError, match="flash_attn must be one of off, on, auto"):
+            LlamaCppModel(gguf_path, flash_attn=bad)

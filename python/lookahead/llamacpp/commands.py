@@ -50,16 +50,19 @@ def peer_problem(args) -> str | None:
 
 def load(args):
     """The `LlamaCppModel` of `args.model` (default: the default model's GGUF, fetched once)."""
-    from lookahead.llamacpp.model import LlamaCppModel
+    from lookahead.llamacpp.model import DEFAULT_FLASH_ATTN, LlamaCppModel
     from lookahead.models import default_gguf_path
 
     path = args.model if args.model is not None else default_gguf_path()
-    return LlamaCppModel(path, n_threads=args.threads)
+    fa = getattr(args, "flash_attn", None) or DEFAULT_FLASH_ATTN
+    return LlamaCppModel(path, n_threads=args.threads, flash_attn=fa)
 
 
 def describe(model) -> str:
-    """`llama.cpp, SmolLM2-135M-Instruct.Q4_1.gguf, 2 threads`."""
-    return f"llama.cpp, {model.path.name}, {model.threads} threads"
+    """`llama.cpp, SmolLM2-135M-Instruct.Q4_1.gguf, 2 threads, flash attention off`."""
+    return (
+        f"llama.cpp, {model.path.name}, {model.threads} threads, flash attention {model.flash_attn}"
+    )
 
 
 def generator(args):

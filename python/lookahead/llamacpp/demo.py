@@ -62,7 +62,9 @@ def main(args, prompts: list) -> int:
     tree = gen.model
     plain = server = None
     try:
-        plain = LlamaCppModel(tree.path, n_ctx=tree.n_ctx, n_threads=args.threads, n_seq_max=1)
+        plain = LlamaCppModel(
+            tree.path, tree.n_ctx, args.threads, n_seq_max=1, flash_attn=tree.flash_attn
+        )
         server, spec = _start_server(args, tree)
         return _demo(args, prompts, gen, label, plain, server, spec, t0)
     finally:
@@ -82,7 +84,10 @@ def _start_server(args, tree) -> tuple:
     if binary is None:
         return None, None
     spec = getattr(args, "llama_spec", None) or DEFAULT_SPECULATOR
-    return Server(binary, tree.path, SETTINGS[spec], tree.threads, n_ctx=tree.n_ctx), spec
+    server = Server(
+        binary, tree.path, SETTINGS[spec], tree.threads, tree.n_ctx, flash_attn=tree.flash_attn
+    )
+    return server, spec
 
 
 def _demo(args, prompts, gen, label, plain, server, spec, t0) -> int:

@@ -24,6 +24,14 @@ GGUF_MAGIC = b"GGUF"
 DEFAULT_SEQS = 33
 # Tokens one `llama_decode` takes at most (a prompt is fed in chunks of this many).
 DEFAULT_BATCH = 512
+# llama.cpp's flash attention, by the name llama-server's `--flash-attn` takes.
+FLASH_ATTN = {"off": 0, "on": 1, "auto": -1}
+# Off by default, where llama.cpp's `auto` turns it on: ggml's CPU kernel walks the cached keys
+# once per query row, so a verify forward's extra rows cost nearly a full row each at long
+# contexts. Measured (`llama-bench -fa 0,1 -d 768`, Q4_1 default model, 2 threads, Xeon with
+# AVX512): one row 13.7 ms off against 21.6 ms on, 8 rows 3.1x one row off against 4.5x on;
+# a 512-token prompt 5 % slower off. BENCHMARKS.md section 7.
+DEFAULT_FLASH_ATTN = "off"
 
 
 def llama_cpp():
@@ -112,7 +120,9 @@ class LlamaCppModel:
 
     `n_ctx`: the context in tokens (default: the model's training context, at most 8192);
     `n_threads`: CPU threads (default: the CPUs this process may run on, `default_threads`);
-    `n_seq_max`: KV sequences, so the widest tree verified has at most `n_seq_max` branches."""
+    `n_seq_max`: KV sequences, so the widest tree verified has at most `n_seq_max` branches;
+    `flash_attn`: llama.cpp's flash attention, "off" (default, `DEFAULT_FLASH_ATTN`), "on" or
+    "auto" (llama.cpp's choice: on where the backend has it)."""
 
     def __init__(
         self,
@@ -122,7 +132,11 @@ class LlamaCppModel:
         n_seq_max: int = DEFAULT_SEQS,
         n_batch: int = DEFAULT_BATCH,
         verbose: bool = False,
+        flash_attn: str = DEFAULT_FLASH_ATTN,
     ):
+        if not isinstance(flash_attn, str) or flash_attn not in FLASH_ATTN:
+            names = ", ".join(FLASH_ATTN)
+            raise ValueError(f"flash_attn must be one of {names}, got {flash_attn!r}")
         ll = llama_cpp()
         self.ll = ll
         self.path = check_gguf(path)
@@ -146,6 +160,7 @@ class LlamaCppModel:
         cp.n_seq_max = int(n_seq_max)
         cp.kv_unified = True  # a tree's branches share the context's cells
         cp.n_threads = cp.n_threads_batch = int(n_threads) if n_threads else default_threads()
+        cp.flash_attn_type = FLASH_ATTN[flash_attn]
         self.ctx = ll.llama_init_from_model(self.model, cp)
         if not self.ctx:
             ll.llama_model_free(self.model)
@@ -156,6 +171,7 @@ class LlamaCppModel:
         self.mem = ll.llama_get_memory(self.ctx)
         self._batch = ll.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self.threads = int(cp.n_threads)
+        self.flash_attn = flash_attn
         self._row_types: dict = {}  # floats -> ctypes array type (`_logits`)
 
     def close(self) -> None:

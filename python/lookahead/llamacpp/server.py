@@ -68,11 +68,15 @@ def _free_port() -> int:
 
 class Server:
     """One `llama-server` process running `model` with `args` (a `SETTINGS` value) on
-    127.0.0.1, one slot, `threads` threads, a context of `n_ctx`; started here, ready after
+    127.0.0.1, one slot, `threads` threads, a context of `n_ctx`, flash attention as
+    `flash_attn` ("off", "on", "auto": `LlamaCppModel`'s setting); started here, ready after
     `wait_ready()`, ended by `close()` (a context manager: closed on exit, whatever
     happened). Its output goes to `log` (default: a file of its own, removed on close)."""
 
-    def __init__(self, binary, model, args: list, threads: int, n_ctx: int = 4096, log=None):
+    def __init__(
+        self, binary, model, args: list, threads: int, n_ctx: int = 4096, log=None,
+        flash_attn: str = "off",
+    ):  # fmt: skip
         self.binary = Path(binary)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -82,7 +86,7 @@ class Server:
             os.close(fd)
         self.log = Path(log)
         cmd = [str(self.binary), "-m", str(model), "-t", str(threads), "-tb", str(threads),
-               "-c", str(n_ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
+               "-c", str(n_ctx), "-fa", flash_attn, "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
                *args]  # fmt: skip
         self._out = open(self.log, "wb")  # noqa: SIM115 (closed in close())
         try:
