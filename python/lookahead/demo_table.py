@@ -30,12 +30,26 @@ class DemoRow:
     peer_s: float | None = None
     peer_identical: bool | None = None
     peer_fork: object = None
+    # Seconds of the prompt's forward (None where plain's is not known: HF `generate`).
+    plain_prefill_s: float | None = None
+    lookahead_prefill_s: float | None = None
 
     @classmethod
-    def of(cls, prompt: dict, ids: list, plain_ids: list, plain_s: float, res, fork, peer=None):
-        """The row of `prompt` (its `ids`): plain's output and seconds, lookahead's
-        `GenerationResult` and its `fork` (None when identical), and the peer's (output ids,
-        seconds, fork), or None where no peer ran."""
+    def of(
+        cls,
+        prompt: dict,
+        ids: list,
+        plain_ids: list,
+        plain_s: float,
+        res,
+        fork,
+        peer=None,
+        plain_prefill_s: float | None = None,
+    ):
+        """The row of `prompt` (its `ids`): plain's output and seconds (and of those, its
+        prompt's forward where known), lookahead's `GenerationResult` and its `fork` (None
+        when identical), and the peer's (output ids, seconds, fork), or None where no peer
+        ran."""
         s = res.stats
         return cls(
             question_id=prompt["question_id"],
@@ -51,6 +65,8 @@ class DemoRow:
             host_overhead=s.host_overhead,
             identical=plain_ids == res.ids,
             fork=fork,
+            plain_prefill_s=plain_prefill_s,
+            lookahead_prefill_s=None if plain_prefill_s is None else s.prefill_s,
             **(
                 {}
                 if peer is None
@@ -89,6 +105,24 @@ class DemoRow:
     @property
     def speedup(self) -> float:
         return self.lookahead_tps / self.plain_tps
+
+    @property
+    def decode_speedup(self) -> float | None:
+        """Lookahead's speedup after the prompt: tokens after the first (the prompt's
+        forward gives that one) over the seconds after the prompt's forward, against
+        plain's; None where a prefill time is unknown or nothing came after it."""
+        if self.plain_prefill_s is None or self.lookahead_prefill_s is None:
+            return None
+        plain_d = self.plain_s - self.plain_prefill_s
+        la_d = self.lookahead_s - self.lookahead_prefill_s
+        if min(self.plain_tokens, self.lookahead_tokens) < 2 or min(plain_d, la_d) <= 0:
+            return None
+        return ((self.lookahead_tokens - 1) / la_d) / ((self.plain_tokens - 1) / plain_d)
+
+    @property
+    def prefill_share(self) -> float | None:
+        """The share of plain's seconds its prompt's forward took (None where unknown)."""
+        return None if self.plain_prefill_s is None else self.plain_prefill_s / self.plain_s
 
 
 @dataclass(frozen=True)
@@ -171,6 +205,14 @@ def summarize(rows: list) -> list:
                 "host_overhead": statistics.fmean(r.host_overhead for r in rs),
             }
         )
+        decode = [r.decode_speedup for r in rs if r.decode_speedup is not None]
+        if decode:
+            out[-1].update(
+                median_decode_speedup=statistics.median(decode),
+                prefill_share=statistics.fmean(
+                    r.prefill_share for r in rs if r.prefill_share is not None
+                ),
+            )
         with_peer = [r for r in rs if r.peer_tokens is not None]
         if with_peer:
             out[-1].update(
@@ -200,6 +242,12 @@ def format_summary(summary: list, dtype: str, peer: Peer | None = None) -> str:
             f"near-tie forks {s['near_tie']}, wrong {s['bug']}  host overhead "
             f"{100 * s['host_overhead']:.1f}% of forward  [{dtype}]"
         )
+        if "median_decode_speedup" in s:
+            lines[-1] += (
+                f"\n{'':<14} after the prompt: median speedup {s['median_decode_speedup']:.2f}x "
+                f"(the prompt's forward, the same for both, is {100 * s['prefill_share']:.0f}% "
+                "of plain's time)"
+            )
     return "\n".join(lines)
 
 
@@ -277,6 +325,7 @@ def show(
                 {
                     **asdict(r),
                     "speedup": r.speedup,
+                    "decode_speedup": r.decode_speedup,
                     "plain_tps": r.plain_tps,
                     "lookahead_tps": r.lookahead_tps,
                     "peer_tps": r.peer_tps,

@@ -67,6 +67,22 @@ def test_the_table_and_json_with_a_peer_column(tmp_path, capsys):
     assert "ngram" not in capsys.readouterr().out
 
 
+def test_the_speedup_after_the_prompt_is_shown_where_prefill_times_are_known(capsys):
+    # plain: 1.0 s, 0.4 of it the prompt (19 tokens after the first in 0.6 s); lookahead:
+    # 0.5 s, 0.4 of it the prompt (19 in 0.1 s): 6x after the prompt, 2x in all.
+    rows = [_row(1, "rag", plain_prefill_s=0.4, lookahead_prefill_s=0.4), _row(2, "qa")]
+    assert rows[0].decode_speedup == pytest.approx(6.0) and rows[0].prefill_share == 0.4
+    assert rows[1].decode_speedup is None and rows[1].prefill_share is None
+    assert _row(3, "x", plain_prefill_s=1.0, lookahead_prefill_s=0.4).decode_speedup is None
+    by = {s["category"]: s for s in demo_table.summarize(rows)}
+    assert by["overall"]["median_decode_speedup"] == pytest.approx(6.0)
+    assert "median_decode_speedup" not in by["qa"]
+    text = demo_table.format_summary(demo_table.summarize(rows), "Q4_1")
+    assert "after the prompt: median speedup 6.00x (the prompt's forward, the same for both, " \
+        "is 40% of plain's time)" in text  # fmt: skip
+    assert text.count("after the prompt") == 2  # rag and overall, not qa
+
+
 def _not_executable(tmp_path):
     path = tmp_path / "llama-server"
     path.write_text("")

@@ -36,19 +36,21 @@ def run(plain, gen, prompts, encoded, max_new_tokens: int, bound: float, server=
         for m in methods[k % len(methods) :] + methods[: k % len(methods)]:
             t0 = time.perf_counter()
             if m == "plain":
-                out[m] = (plain_generate(plain, ids, max_new_tokens), time.perf_counter() - t0)
+                t: dict = {}
+                toks = plain_generate(plain, ids, max_new_tokens, times=t)
+                out[m] = (toks, time.perf_counter() - t0, t["prefill_s"])
             elif m == "peer":
                 out[m] = server.run(ids, max_new_tokens)  # its own timings, prompt included
             else:
                 out[m] = gen.generate(ids, max_new_tokens)
-        plain_ids, plain_s = out["plain"]
+        plain_ids, plain_s, plain_prefill_s = out["plain"]
         res = out["lookahead"]
         peer = None
         if "peer" in out:
             peer_ids, peer_s = out["peer"]
             peer = (peer_ids, peer_s, explain_fork(plain, ids, plain_ids, peer_ids, bound))
         fork = explain_fork(plain, ids, plain_ids, res.ids, bound)
-        yield DemoRow.of(p, ids, plain_ids, plain_s, res, fork, peer)
+        yield DemoRow.of(p, ids, plain_ids, plain_s, res, fork, peer, plain_prefill_s)
 
 
 def main(args, prompts: list) -> int:
