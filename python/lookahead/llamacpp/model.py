@@ -24,6 +24,11 @@ GGUF_MAGIC = b"GGUF"
 DEFAULT_SEQS = 33
 # Tokens one `llama_decode` takes at most (a prompt is fed in chunks of this many).
 DEFAULT_BATCH = 512
+# Tokens llama.cpp computes in one graph (it splits a longer batch): a prompt's attention
+# without flash attention builds a [ubatch, cached] score matrix per head, and smaller ones
+# stay in the caches. Measured (`llama-bench -fa 0 -b 2048 -ub 32,64,128,192,512 -p 768`,
+# Q4_1 default model, 2 threads, Xeon): 263, 282, 276, 273, 255 tok/s.
+DEFAULT_UBATCH = 128
 # llama.cpp's flash attention, by the name llama-server's `--flash-attn` takes.
 FLASH_ATTN = {"off": 0, "on": 1, "auto": -1}
 # Off by default, where llama.cpp's `auto` turns it on: ggml's CPU kernel walks the cached keys
@@ -156,7 +161,8 @@ class LlamaCppModel:
         train_ctx = int(ll.llama_model_n_ctx_train(self.model))
         cp = ll.llama_context_default_params()
         cp.n_ctx = int(n_ctx) if n_ctx else min(train_ctx, 8192)
-        cp.n_batch = cp.n_ubatch = int(n_batch)
+        cp.n_batch = int(n_batch)
+        cp.n_ubatch = min(int(n_batch), DEFAULT_UBATCH)
         cp.n_seq_max = int(n_seq_max)
         cp.kv_unified = True  # a tree's branches share the context's cells
         cp.n_threads = cp.n_threads_batch = int(n_threads) if n_threads else default_threads()
