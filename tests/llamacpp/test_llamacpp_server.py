@@ -92,7 +92,8 @@ def test_completions_are_greedy_token_ids_timed_by_the_server(tmp_path):
     binary = _script(tmp_path, f'exec "{sys.executable}" "{tmp_path / "fake.py"}" "$@"')
     with server.Server(binary, "m.gguf", server.SETTINGS["ngram-mod"], threads=2, n_ctx=512) as s:
         s.wait_ready(timeout=30)
-        assert s.proc.args[s.proc.args.index("-fa") + 1] == "off"  # as the engine runs
+        args = s.proc.args  # the engine's settings
+        assert args[args.index("-fa") + 1] == "off" and args[args.index("-ub") + 1] == "128"
         assert s.run([5, 6, 7], 2) == ([7, 6], 0.025)
         req = s.complete([5], 3)["request"]
         assert req == {"prompt": [5], "n_predict": 3, "temperature": 0, "cache_prompt": False,

@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from lookahead.errors import ServerError
+from lookahead.llamacpp.model import DEFAULT_UBATCH
 
 # The binary when no path is given (`lookahead demo --engine llamacpp --llama-server PATH`).
 ENV_BINARY = "LOOKAHEAD_LLAMA_SERVER"
@@ -69,7 +70,8 @@ def _free_port() -> int:
 class Server:
     """One `llama-server` process running `model` with `args` (a `SETTINGS` value) on
     127.0.0.1, one slot, `threads` threads, a context of `n_ctx`, flash attention as
-    `flash_attn` ("off", "on", "auto": `LlamaCppModel`'s setting); started here, ready after
+    `flash_attn` ("off", "on", "auto") and prompts in graphs of `DEFAULT_UBATCH` tokens (as
+    `LlamaCppModel` runs them); started here, ready after
     `wait_ready()`, ended by `close()` (a context manager: closed on exit, whatever
     happened). Its output goes to `log` (default: a file of its own, removed on close)."""
 
@@ -86,8 +88,8 @@ class Server:
             os.close(fd)
         self.log = Path(log)
         cmd = [str(self.binary), "-m", str(model), "-t", str(threads), "-tb", str(threads),
-               "-c", str(n_ctx), "-fa", flash_attn, "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
-               *args]  # fmt: skip
+               "-c", str(n_ctx), "-fa", flash_attn, "-ub", str(DEFAULT_UBATCH), "-np", "1",
+               "--host", "127.0.0.1", "--port", str(self.port), *args]  # fmt: skip
         self._out = open(self.log, "wb")  # noqa: SIM115 (closed in close())
         try:
             # A session of its own: Ctrl-C at the terminal reaches only us, and close() ends
