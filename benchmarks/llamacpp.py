@@ -161,9 +161,12 @@ def summarize(result: dict) -> list[dict]:
     rows = result["rows"]
     cat_of = {id(r): spec_bench_category(r["category"]) for r in rows}
     cats = [c for c in CATEGORIES if c in cat_of.values()] + ["overall"]
+    # The first prompt ran the methods unrotated: that order, in every category's rows (a
+    # category's own first prompt ran them rotated).
+    methods = list(rows[0]["methods"])
     for cat in cats:
         rs = [r for r in rows if cat == "overall" or cat_of[id(r)] == cat]
-        for m in rs[0]["methods"]:
+        for m in methods:
             ms = [r["methods"][m] for r in rs]
             plain = [r["methods"]["plain"]["tps"] for r in rs]
             steps = [x["steps"] if "steps" in x else x["n"] - x.get("accepted", 0) for x in ms]

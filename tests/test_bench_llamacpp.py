@@ -20,14 +20,19 @@ def test_server_rows_and_the_summary_by_spec_bench_category(tmp_path, capsys):
     rows = [
         {"category": "writing", "methods": {"plain": method(10.0, 9),
          "lookahead": method(20.0, 9, steps=3, drafted=8, accepted=6, host_overhead=0.02)}},
-        {"category": "rag", "methods": {"plain": method(10.0, 9),
+        {"category": "rag", "methods": {  # the second prompt ran the methods rotated
          "lookahead": method(5.0, 9, steps=9, drafted=2, accepted=0, host_overhead=0.04,
-                             identical=False)}},
+                             identical=False), "plain": method(10.0, 9)}},
     ]  # fmt: skip
     result = {"quant": "q4_1", "model": "m.gguf", "rows": rows, "llama_bench": {"1": 0.01, "2": 0.015},
               "start_up_costs": {"widths": [1, 2], "ms": [[10.0, 16.0]]}, "learned_costs": None}  # fmt: skip
     summary = llamacpp.summarize(result)
     by = {(s["category"], s["method"]): s for s in summary}
+    # every category lists the methods in the first prompt's (unrotated) order
+    assert [(s["category"], s["method"]) for s in summary if s["category"] == "rag"] == [
+        ("rag", "plain"),
+        ("rag", "lookahead"),
+    ]
     # MT-bench's subcategories count as mt_bench, as in every Spec-Bench table here
     assert by[("mt_bench", "lookahead")]["tokens_per_step"] == 3.0
     over = by[("overall", "lookahead")]
