@@ -150,8 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SETTING",
         help="with --llama-server: its speculator, one of ngram-mod-short (default: ngram-mod "
-        "with n-match 8 and drafts of 2-8, the best on the default model, BENCHMARKS.md "
-        "section 7), ngram-mod, ngram-simple, ngram-simple-short (N = M = 4), ngram-map-k, "
+        "with n-match 8 and drafts of 2-8, the best on the demo's rag and summarization prompts "
+        "with the default model, BENCHMARKS.md section 7), ngram-mod, ngram-simple, "
+        "ngram-simple-short (N = M = 4; overall as fast), ngram-map-k, "
         "ngram-cache",
     )
     demo.add_argument("--plot", default=None, help="write a PNG chart here (matplotlib)")
