@@ -87,6 +87,13 @@ def test_learnt_costs_fold_into_the_next_runs_prior():
     assert folded.contexts == prior.contexts
     assert folded.curve(900)[2] < 0.7 * prior.curve(900)[2]
     assert implausible(folded) is None
+    # the one-line summary reads the band it is asked about, and says what that band holds
+    two = learned.curve(900)[2] / learned.curve(900)[1]
+    assert learned.describe(900).startswith(
+        f"900 cached tokens ({WINDOW} forwards kept in its band)"
+    )
+    assert f"W=2 {two:.2f}x" in learned.describe(900)
+    assert learned.describe(100).startswith("100 cached tokens (0 forwards kept in its band)")
 
 
 # -- plausibility -----------------------------------------------------------------------

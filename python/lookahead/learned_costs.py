@@ -142,6 +142,19 @@ class LearnedCosts:
             self._curves[bucket] = out
         return out
 
+    def describe(self, context_len: int) -> str:
+        """One line as `CostModel.describe`, read off the learnt curve at `context_len`
+        cached tokens, with how many measured forwards its band holds (each width keeps its
+        last `window`): a band with none shows the prior moved by the other bands' ratios."""
+        self.refresh()
+        c = self.curve(context_len)
+        kept = sum(n for _, n in self.measured(context_len).values())
+        ratios = " ".join(f"W={w} {c[w] / c[1]:.2f}x" for w in self.prior.widths[1:])
+        return (
+            f"{context_len} cached tokens ({kept} forwards kept in its band): "
+            f"W=1 {1e3 * c[1]:.1f} ms  {ratios}"
+        )
+
     def as_cost_model(self) -> CostModel:
         """The prior's grid (its widths and contexts, its key) read off the learnt curves:
         what a later run should start from."""
