@@ -57,7 +57,7 @@ def test_binary_problems_are_one_line(tmp_path):
 
 
 FAKE_SERVER = """
-import json, sys
+import json, os, signal, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 class Handler(BaseHTTPRequestHandler):
@@ -73,6 +73,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if req["prompt"] == [11]:  # a crash mid-forward, as ggml's AMX kernels crash here
+            print("ggml_compute_forward: about to crash", flush=True)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if req["prompt"] == [12]:  # hangs up without an answer, and lives on
+            self.close_connection = True
+            return
         if req["prompt"] == [0]:
             return self._answer(400, {"error": "the prompt is too long"})
         if req["prompt"] == [1]:
@@ -87,7 +93,8 @@ HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Handler).
 """
 
 
-def test_completions_are_greedy_token_ids_timed_by_the_server(tmp_path):
+def test_completions_are_greedy_token_ids_timed_by_the_server(tmp_path, monkeypatch):
+    monkeypatch.setattr(server, "CRASH_WAIT_S", 0.2)
     (tmp_path / "fake.py").write_text(FAKE_SERVER)
     binary = _script(tmp_path, f'exec "{sys.executable}" "{tmp_path / "fake.py"}" "$@"')
     with server.Server(binary, "m.gguf", server.SETTINGS["ngram-mod"], threads=2, n_ctx=512) as s:
@@ -102,4 +109,10 @@ def test_completions_are_greedy_token_ids_timed_by_the_server(tmp_path):
             s.run([0], 2)
         with pytest.raises(ServerError, match="lacks tokens or timings"):
             s.run([1], 2)
+        with pytest.raises(ServerError, match="did not answer: RemoteDisconnected"):
+            s.run([12], 2)
+        # a server that dies mid-request: its status, its log, and what to do about a crash
+        with pytest.raises(ServerError, match=r"exited with status -11 during a request.*about "
+                           r"to crash.*AMX.*make llama-server"):  # fmt: skip
+            s.run([11], 2)
     assert _gone(s.proc.pid)

@@ -11,6 +11,7 @@ pinned llama-cpp-python vendors (not shipped).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -41,12 +42,22 @@ SETTINGS = {
     "ngram-cache": ["--spec-type", "ngram-cache"],
 }  # fmt: skip
 SPECULATORS = tuple(s for s in SETTINGS if s != "plain")
-# The best overall on the default model's Q4_1 file (BENCHMARKS.md, section 7).
+# The best on the demo's rag and summarization prompts with the default model's Q4_1 file
+# (BENCHMARKS.md, section 7.1; ngram-simple-short is as fast over all six categories).
 DEFAULT_SPECULATOR = "ngram-mod-short"
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 20.0
 LOG_TAIL_BYTES = 2000
+# How long a server whose connection broke mid-request gets to be seen exiting.
+CRASH_WAIT_S = 2.0
+# What ended a server that crashed rather than exited.
+CRASH_SIGNALS = (-signal.SIGSEGV, -signal.SIGILL, -signal.SIGBUS)
+CRASH_HINT = (
+    "; a llama-server built natively on a CPU that reports AMX crashes at its first forward "
+    "of two or more rows (ggml's AMX kernels, llama.cpp PR #26954): `make llama-server` builds "
+    "one without them (llama-server's own --no-repack also keeps them out)"
+)
 
 
 def binary_problem(path: str | os.PathLike, source: str = "--llama-server") -> str | None:
@@ -148,6 +159,20 @@ class Server:
         except urllib.error.HTTPError as e:
             detail = e.read()[:300].decode("utf-8", "replace")
             raise ServerError(f"{self.binary.name} answered {e.code}: {detail}") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise self._broken(e) from None
+
+    def _broken(self, e: BaseException) -> ServerError:
+        """The error for a request whose connection failed: the server's exit status and
+        log when it died (with what to do when it crashed), else what the connection said."""
+        try:
+            rc = self.proc.wait(timeout=CRASH_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return ServerError(f"{self.binary.name} did not answer: {e!r}")
+        err = self._failed(f"exited with status {rc} during a request")
+        if rc in CRASH_SIGNALS:
+            err = ServerError(f"{err}{CRASH_HINT}")
+        return err
 
     def run(self, ids: list, n: int) -> tuple:
         """`complete(ids, n)`'s output token ids and the seconds the server took for them
