@@ -64,6 +64,13 @@ def cost_dir() -> Path:
     return cache_dir() / "costs"
 
 
+def curve_line(context_len: int, one_row_s: float, ratios, where: str = "") -> str:
+    """The one line a cost curve is printed as: `context_len` cached tokens (then `where`),
+    one row's time and each (width, cost over one row) of `ratios`."""
+    got = " ".join(f"W={w} {r:.2f}x" for w, r in ratios)
+    return f"{context_len} cached tokens{where}: W=1 {1e3 * one_row_s:.1f} ms  {got}"
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Forward seconds by rows (`widths`) at each of `contexts` cached tokens (`seconds[c][w]`),
@@ -125,8 +132,7 @@ class CostModel:
     def describe(self, context_len: int = 700) -> str:
         """One line: the one-row time and the measured widths' ratios to it."""
         c = self.curve(context_len)
-        ratios = " ".join(f"W={w} {r:.2f}x" for w, r in self.relative(context_len)[1:])
-        return f"{context_len} cached tokens: W=1 {1e3 * c[1]:.1f} ms  {ratios}"
+        return curve_line(context_len, c[1], self.relative(context_len)[1:])
 
     def to_json(self) -> dict:
         """The curve as plain JSON (milliseconds), with its key."""

@@ -23,7 +23,7 @@ from collections import deque
 
 import numpy as np
 
-from lookahead.costs import CURVE_CACHE_FLOATS, CostModel
+from lookahead.costs import CURVE_CACHE_FLOATS, CostModel, curve_line
 
 # Context bands (cached tokens) measured apart: attention's share of a forward grows with
 # the context, so one band's ratios say little of another's far away.
@@ -149,11 +149,8 @@ class LearnedCosts:
         self.refresh()
         c = self.curve(context_len)
         kept = sum(n for _, n in self.measured(context_len).values())
-        ratios = " ".join(f"W={w} {c[w] / c[1]:.2f}x" for w in self.prior.widths[1:])
-        return (
-            f"{context_len} cached tokens ({kept} forwards kept in its band): "
-            f"W=1 {1e3 * c[1]:.1f} ms  {ratios}"
-        )
+        ratios = [(w, float(c[w] / c[1])) for w in self.prior.widths[1:]]
+        return curve_line(context_len, c[1], ratios, f" ({kept} forwards kept in its band)")
 
     def as_cost_model(self) -> CostModel:
         """The prior's grid (its widths and contexts, its key) read off the learnt curves:
