@@ -18,7 +18,8 @@ accepted for the server's speculators), and how many outputs equal plain `llama-
 token for token. `lookahead` is `lookahead.llamacpp.LlamaCppGenerator` with its cost-aware
 sizer (its host time per step against the forward's is printed too); `plain (engine)` is
 the same library's one-sequence greedy decoding, to show in-process plain equals the
-server's. Then the verify cost curve the engine measured and learnt beside `llama-bench -p
+server's. Then lookahead against each speculator on the same text (`same_text`: the prompts
+where both outputs equal plain's), and the verify cost curve the engine measured and learnt beside `llama-bench -p
 W -n 0`. Quantizations other than the default model's Q4_1 file are made from it with
 `llama-quantize --allow-requantize` (the same weights, dequantized: F16 is exact up to
 fp16 rounding of the Q4_1 values; Q8_0 and Q4_0 round again).
@@ -184,6 +185,29 @@ def summarize(result: dict) -> list[dict]:
     return out
 
 
+def same_text(result: dict) -> list[dict]:
+    """Lookahead against each speculator on the same text: over the prompts where both
+    outputs equal plain `llama-server`'s token for token (a fork changes the text that
+    follows, so two methods that fork differently decode different continuations, and a
+    category's tok/s then compares different work), each method's decode tok/s (tokens
+    over seconds, summed over those prompts) and plain's there."""
+    out = []
+    rows = result["rows"]
+    not_speculators = {"plain", FA_AUTO, *ENGINES}
+    for m in [m for m in rows[0]["methods"] if m not in not_speculators]:
+        rs = [r["methods"] for r in rows]
+        rs = [x for x in rs if x["lookahead"]["identical"] and x[m]["identical"]]
+        if not rs:
+            continue
+
+        def tps(name, rs=rs):
+            return sum(x[name]["n"] for x in rs) / sum(x[name]["decode_s"] for x in rs)
+
+        out.append({"method": m, "prompts": len(rs), "lookahead_tps": tps("lookahead"),
+                    "tps": tps(m), "plain_tps": tps("plain")})  # fmt: skip
+    return out
+
+
 def print_tables(result: dict, summary: list) -> None:
     q = result["quant"]
     print(f"\n## {q} ({Path(result['model']).name}): decode tok/s, median ratio to plain "
@@ -195,6 +219,12 @@ def print_tables(result: dict, summary: list) -> None:
         print(f"{s['category']:<14} {s['method']:<19} {s['tps']:>6.1f} tok/s  "
               f"{s['median_vs_plain']:>5.2f}x  {s['tokens_per_step']:>5.2f}/step  "
               f"identical {s['identical']}/{s['prompts']}{extra}")  # fmt: skip
+    print(f"\nsame text ({q}): prompts where lookahead's output and the speculator's both equal "
+          "plain llama-server's; decode tok/s summed over them")  # fmt: skip
+    for s in same_text(result):
+        print(f"lookahead / {s['method']:<19} {s['lookahead_tps'] / s['tps']:>5.2f}x  "
+              f"({s['lookahead_tps']:.1f} / {s['tps']:.1f} tok/s, plain {s['plain_tps']:.1f}; "
+              f"{s['prompts']} prompts)")  # fmt: skip
     bench = {int(w): t for w, t in result["llama_bench"].items()}  # JSON keys are strings
     print(f"\nforward of W rows relative to W=1 ({q}; W=1 ms in brackets)")
     print(f"llama-bench -p W -n 0 -fa {result.get('flash_attn', 'auto')} (logits: last row)  [{1e3 * bench[1]:.1f}] "

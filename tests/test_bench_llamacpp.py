@@ -43,3 +43,25 @@ def test_server_rows_and_the_summary_by_spec_bench_category(tmp_path, capsys):
     assert llamacpp.main(["--report", str(path)]) == 0
     out = capsys.readouterr().out
     assert "W=2 1.50x" in out and "W=2 1.60x" in out and "identical 1/2" in out
+
+
+def test_same_text_compares_only_prompts_both_decoded_as_plain_did():
+    def method(n, s, identical=True):
+        return {"n": n, "decode_s": s, "tps": n / s, "identical": identical}
+
+    rows = [  # 1: both as plain; 2: the speculator forked; 3: lookahead forked
+        {"category": "rag", "methods": {"plain": method(10, 1.0), "ngram-mod": method(10, 0.5),
+         "plain (fa auto)": method(10, 0.9, False), "plain (engine)": method(10, 1.0),
+         "lookahead": method(10, 0.4)}},
+        {"category": "rag", "methods": {"plain": method(10, 1.0), "ngram-mod": method(30, 0.1, False),
+         "plain (fa auto)": method(10, 0.9), "plain (engine)": method(10, 1.0),
+         "lookahead": method(10, 0.5)}},
+        {"category": "qa", "methods": {"plain": method(20, 1.0), "ngram-mod": method(20, 1.0),
+         "plain (fa auto)": method(10, 0.9), "plain (engine)": method(10, 1.0),
+         "lookahead": method(20, 0.1, False)}},
+    ]  # fmt: skip
+    (row,) = llamacpp.same_text({"rows": rows})  # plain, fa auto and the engines are no speculators
+    assert row["method"] == "ngram-mod" and row["prompts"] == 1
+    assert (row["lookahead_tps"], row["tps"], row["plain_tps"]) == (25.0, 20.0, 10.0)
+    rows[0]["methods"]["ngram-mod"]["identical"] = False
+    assert llamacpp.same_text({"rows": rows}) == []  # no prompt both decoded as plain did
