@@ -55,9 +55,9 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         choices=("off", "on", "auto"),
         default=None,
         help="with --engine llamacpp: llama.cpp's flash attention for every forward, the "
-        "plain run's and the demo's llama-server too (default off: on the CPU its kernel makes "
+        "plain run's and the demo's llama-server too (default off: on a Xeon its kernel makes "
         "each row of a verify forward cost nearly a full row at long contexts; auto is "
-        "llama.cpp's default, on)",
+        "llama.cpp's default, on, and the faster one on an AVX512 EPYC: BENCHMARKS.md section 7)",
     )
 
 

@@ -35,7 +35,9 @@ FLASH_ATTN = {"off": 0, "on": 1, "auto": -1}
 # once per query row, so a verify forward's extra rows cost nearly a full row each at long
 # contexts. Measured (`llama-bench -fa 0,1 -d 768`, Q4_1 default model, 2 threads, Xeon with
 # AVX512): one row 13.7 ms off against 21.6 ms on, 8 rows 3.1x one row off against 4.5x on;
-# a 512-token prompt 5 % slower off. BENCHMARKS.md section 7.
+# a 512-token prompt 5 % slower off. On an AVX512 EPYC the other way: plain llama.cpp decodes
+# 4-8 % faster with it on, one row after 769 tokens costs the same either way. Neither CPU's
+# choice fits the other; "auto" is the switch. BENCHMARKS.md section 7.
 DEFAULT_FLASH_ATTN = "off"
 
 
