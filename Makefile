@@ -115,7 +115,7 @@ llama-server:  ## llama.cpp's llama-server, llama-bench, llama-quantize from the
 
 .PHONY: bench-llamacpp
 bench-llamacpp: llama-server  ## llama.cpp plain and its n-gram speculators against lookahead on llama.cpp (Spec-Bench)
-	$(PY) -m benchmarks llamacpp --json benchmarks/results/llamacpp.json
+	$(PY) -m benchmarks llamacpp --quants q4_1,q4_0,f16 --json benchmarks/results/llamacpp.json
 
 .PHONY: bench-accept
 bench-accept:  ## acceptance simulator over the recorded traces (B = 8, 16, 32)
