@@ -36,8 +36,8 @@ FLASH_ATTN = {"off": 0, "on": 1, "auto": -1}
 # contexts. Measured (`llama-bench -fa 0,1 -d 768`, Q4_1 default model, 2 threads, Xeon with
 # AVX512): one row 13.7 ms off against 21.6 ms on, 8 rows 3.1x one row off against 4.5x on;
 # a 512-token prompt 5 % slower off. On an AVX512 EPYC the other way: plain llama.cpp decodes
-# 4-8 % faster with it on, one row after 769 tokens costs the same either way. Neither CPU's
-# choice fits the other; "auto" is the switch. BENCHMARKS.md section 7.
+# 4-8 % faster with it on, and one row costs less with it on after 128 and 730 cached tokens.
+# Neither CPU's choice fits the other; "auto" is the switch. BENCHMARKS.md section 7.
 DEFAULT_FLASH_ATTN = "off"
 
 
