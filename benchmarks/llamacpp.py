@@ -18,11 +18,12 @@ accepted for the server's speculators), and how many outputs equal plain `llama-
 token for token. `lookahead` is `lookahead.llamacpp.LlamaCppGenerator` with its cost-aware
 sizer (its host time per step against the forward's is printed too); `plain (engine)` is
 the same library's one-sequence greedy decoding, to show in-process plain equals the
-server's. Then lookahead against each speculator on the same text (`same_text`: the prompts
-where both outputs equal plain's), and the verify cost curve the engine measured and learnt beside `llama-bench -p
-W -n 0`. Quantizations other than the default model's Q4_1 file are made from it with
-`llama-quantize --allow-requantize` (the same weights, dequantized: F16 is exact up to
-fp16 rounding of the Q4_1 values; Q8_0 and Q4_0 round again).
+server's. Then lookahead against each speculator on the same text (`same_text`: the
+prompts where both outputs equal plain's), and the verify cost curve the engine measured
+and learnt beside `llama-bench -p W -n 0`. Quantizations other than the default model's
+Q4_1 file are made from it with `llama-quantize --allow-requantize` (the same weights,
+dequantized: F16 is exact up to fp16 rounding of the Q4_1 values; Q8_0 and Q4_0 round
+again).
 """
 
 from __future__ import annotations
