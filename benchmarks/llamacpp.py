@@ -192,12 +192,12 @@ def same_text(result: dict) -> list[dict]:
     follows, so two methods that fork differently decode different continuations, and a
     category's tok/s then compares different work), each method's decode tok/s (tokens
     over seconds, summed over those prompts) and plain's there."""
+    from lookahead.llamacpp.server import SPECULATORS
+
     out = []
-    rows = result["rows"]
-    not_speculators = {"plain", FA_AUTO, *ENGINES}
-    for m in [m for m in rows[0]["methods"] if m not in not_speculators]:
-        rs = [r["methods"] for r in rows]
-        rs = [x for x in rs if x["lookahead"]["identical"] and x[m]["identical"]]
+    runs = [r["methods"] for r in result["rows"]]
+    for m in [m for m in SPECULATORS if m in runs[0]]:
+        rs = [x for x in runs if x["lookahead"]["identical"] and x[m]["identical"]]
         if not rs:
             continue
 
