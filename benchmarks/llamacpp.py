@@ -29,6 +29,7 @@ again).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -48,7 +49,8 @@ BIN = Path(
 OUT = ROOT / "benchmarks" / "out" / "gguf"
 ENGINES = ("plain (engine)", "lookahead")
 # Plain llama-server with llama.cpp's own flash-attention default (`auto`: on for the CPU),
-# beside every other method at `--flash-attn` (default off, `LlamaCppModel`'s default).
+# beside every other method at `--flash-attn` (default fastest, `LlamaCppModel`'s default:
+# the setting the engine measures faster at load), where that setting is off.
 FA_AUTO = "plain (fa auto)"
 
 
@@ -96,13 +98,16 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
     from lookahead.llamacpp.server import SETTINGS, Server
 
     model = gguf_of(quant)
-    fa = args.flash_attn
+    gen = LlamaCppGenerator(LlamaCppModel(model, 4096, args.threads, flash_attn=args.flash_attn))
+    fa = gen.model.flash_attn  # "fastest" measured: every method runs the setting it chose
+    choice = gen.model.flash_choice
+    if choice is not None:
+        print(f"[{quant}] {choice.describe()}", flush=True)
     bench = llama_bench(model, args.threads, fa)
     plain_m = LlamaCppModel(model, 4096, args.threads, n_seq_max=1, flash_attn=fa)
-    gen = LlamaCppGenerator(LlamaCppModel(model, 4096, args.threads, flash_attn=fa))
     servers: dict = {}
     rows = []
-    settings = {**SETTINGS, FA_AUTO: SETTINGS["plain"]} if fa != "auto" else SETTINGS
+    settings = {**SETTINGS, FA_AUTO: SETTINGS["plain"]} if fa == "off" else SETTINGS
     try:
         for s, a in settings.items():  # all start at once; each is stopped whatever happens
             log = log_dir / f"{quant}-{s.replace(' ', '-')}.log"
@@ -152,6 +157,7 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
     costs = gen.sizer.cost_model
     learned = gen.sizer.learned.as_cost_model() if gen.sizer.learned is not None else None
     return {"quant": quant, "model": str(model), "flash_attn": fa, "rows": rows,
+            "flash_choice": dataclasses.asdict(choice) if choice is not None else None,
             "llama_bench": bench,
             "start_up_costs": costs.to_json() if costs else None,
             "learned_costs": learned.to_json() if learned else None}  # fmt: skip
@@ -245,8 +251,9 @@ def main(argv=None) -> int:
     p.add_argument("--per-category", type=positive_int, default=3)
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--threads", type=positive_int, default=2)
-    p.add_argument("--flash-attn", choices=("off", "on", "auto"), default="off",
-                   help="llama.cpp's flash attention for every method but `plain (fa auto)`")  # fmt: skip
+    p.add_argument("--flash-attn", choices=("fastest", "off", "on", "auto"), default="fastest",
+                   help="llama.cpp's flash attention for every method but `plain (fa auto)`; "
+                   "fastest (the engine's default): off or on as the engine measures at load")  # fmt: skip
     p.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
     p.add_argument("--log-dir", default=str(ROOT / "benchmarks" / "out" / "llamacpp_logs"))
     p.add_argument("--bin", default=None, help=f"llama.cpp binaries' folder (default {BIN})")

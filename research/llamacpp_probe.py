@@ -67,8 +67,8 @@ def main(argv: list[str]) -> int:
     tok = AutoTokenizer.from_pretrained(str(default_model_path()))
     prompts = load_prompts(None)
     gguf = default_gguf_path()
-    plain = LlamaCppModel(gguf, n_ctx=4096, n_threads=2, n_seq_max=1)
     m = LlamaCppModel(gguf, n_ctx=4096, n_threads=2)
+    plain = LlamaCppModel(gguf, n_ctx=4096, n_threads=2, n_seq_max=1, flash_attn=m.flash_attn)
     rng = np.random.default_rng(0)
     for all_rows in (True, False):
         c = cost_curve(plain, rng, all_rows)

@@ -24,9 +24,10 @@ def test_generate_streams_the_text_and_reports_the_steps(gguf, capsys):
     assert cli.main(argv) == 0
     out, err = capsys.readouterr()
     assert out.strip() and "12 tokens in" in err and "llama.cpp, text.gguf" in err
-    assert "FixedSizer" in err and "flash attention off" in err
+    assert "FixedSizer" in err and "(measured faster here)" in err  # flash: the default
     assert cli.main([*argv, "--flash-attn", "on"]) == 0
-    assert "flash attention on" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "flash attention on" in err and "measured" not in err
     assert cli.main([*argv, "--sample", "--temperature", "0.8", "--seed", "4"]) == 0
 
 
@@ -41,6 +42,9 @@ def test_demo_runs_plain_and_lookahead_on_every_prompt(gguf, tmp_path, capsys):
     assert got["engine"] == "llamacpp" and [r["category"] for r in got["rows"]] == ["custom", "k"]
     assert all(r["verdict"] != "bug" for r in got["rows"])
     assert got["start_up_costs"]["widths"][0] == 1
+    choice = got["flash_choice"]  # measured at load, and what every method then ran
+    assert got["flash_attn"] == choice["choice"] in ("off", "on")
+    assert set(choice["prompt_s"]) == set(choice["forward_s"]) == {"off", "on"}
     # read at the prompts' median length: the band it drafted in, not the warm-up's
     learnt = [ln for ln in capsys.readouterr().out.splitlines() if "learnt from this run" in ln]
     assert len(learnt) == 1 and "forwards kept in its band" in learnt[0]

@@ -32,15 +32,16 @@ def gguf_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def plain_model(gguf_path):
-    m = LlamaCppModel(gguf_path, n_ctx=1024, n_threads=2, n_seq_max=1)
+def model(gguf_path):
+    m = LlamaCppModel(gguf_path, n_ctx=1024, n_threads=2)  # flash attention measured
     yield m
     m.close()
 
 
 @pytest.fixture(scope="module")
-def model(gguf_path):
-    m = LlamaCppModel(gguf_path, n_ctx=1024, n_threads=2)
+def plain_model(gguf_path, model):
+    # the setting the engine chose, as the demo's plain run takes it
+    m = LlamaCppModel(gguf_path, n_ctx=1024, n_threads=2, n_seq_max=1, flash_attn=model.flash_attn)
     yield m
     m.close()
 
@@ -264,24 +265,50 @@ def test_threads_default_to_the_cpus_this_process_may_use(gguf_path):
         m.close()
 
 
-def test_flash_attention_is_off_unless_asked_and_lookahead_is_exact_either_way(gguf_path):
+def test_flash_attention_is_measured_unless_asked_and_lookahead_is_exact_either_way(gguf_path):
     ids = prompts(3, seed=5)
-    for fa in ("on", "auto"):
+    for fa in ("on", "auto", "off"):
         plain = LlamaCppModel(gguf_path, n_ctx=512, n_threads=2, n_seq_max=1, flash_attn=fa)
         tree = LlamaCppModel(gguf_path, n_ctx=512, n_threads=2, flash_attn=fa)
         try:
             assert plain.flash_attn == tree.flash_attn == fa
+            assert plain.flash_choice is tree.flash_choice is None  # asked: nothing measured
             gen = LlamaCppGenerator(tree, sizer=FixedSizer(8, 16))
             for p in ids:
                 assert gen.generate(p, max_new_tokens=32).ids == plain_generate(plain, p, 32)
         finally:
             plain.close()
             tree.close()
-    m = LlamaCppModel(gguf_path, n_ctx=256, n_seq_max=1)
+    for bad in ("yes", None, ["off"]):
+        with pytest.raises(ValueError, match="flash_attn must be one of fastest, off, on, auto"):
+            LlamaCppModel(gguf_path, flash_attn=bad)
+
+
+def test_the_default_flash_attention_is_the_setting_measured_faster_at_load(gguf_path):
+    from lookahead.llamacpp.flash import MARGIN, SETTINGS, WIDTHS, pick, workload_s
+
+    m = LlamaCppModel(gguf_path, n_ctx=300, n_threads=2)
     try:
-        assert m.flash_attn == "off"
+        c = m.flash_choice
+        assert c is not None and m.flash_attn == c.choice in SETTINGS
+        # the prompt as long as the context allows; every setting and width timed
+        assert c.prompt_tokens == 300 - max(WIDTHS) - 1
+        assert all(t > 0 for s in SETTINGS for t in (c.prompt_s[s], *c.forward_s[s].values()))
+        assert all(tuple(c.forward_s[s]) == WIDTHS for s in SETTINGS)
+        assert c.choice == pick({s: workload_s(c.prompt_s[s], c.forward_s[s]) for s in SETTINGS})
+        # the probe's contexts are gone: the engine's own has the chosen setting, 33 sequences
+        assert m.n_ctx >= 300 and m.n_seq_max == 33
+        gen = LlamaCppGenerator(m, sizer=FixedSizer(8, 16))
+        p = prompts(1, seed=7)[0]
+        plain = LlamaCppModel(gguf_path, n_ctx=300, n_threads=2, n_seq_max=1, flash_attn=c.choice)
+        try:
+            assert gen.generate(p, max_new_tokens=24).ids == plain_generate(plain, p, 24)
+        finally:
+            plain.close()
     finally:
         m.close()
-    for bad in ("yes", None, ["off"]):
-        with pytest.raises(ValueError, match="flash_attn must be one of off, on, auto"):
-            LlamaCppModel(gguf_path, flash_attn=bad)
+    # on only when it is MARGIN sooner: the two CPUs' measurements (BENCHMARKS.md section 7)
+    assert pick({"off": 1.00, "on": 0.90}) == "on"
+    assert pick({"off": 1.00, "on": 1.00 - MARGIN / 2}) == "off"
+    assert pick({"off": 1.00, "on": 1.40}) == "off"
+    assert workload_s(0.5, {1: 0.01, 4: 0.02}) == pytest.approx(0.5 + 64 * 0.03)

@@ -15,6 +15,7 @@ bug (exit 1 when it is lookahead's).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -140,12 +141,16 @@ def _demo(args, prompts, gen, label, plain, server, spec, t0) -> int:
         f"within {bound:.3g} (twice what rounding moved a competing logit between one-row and "
         "multi-row forwards here) is a near-tie, beyond it a bug"
     )
+    if tree.flash_choice is not None:
+        print(f"# {tree.flash_choice.describe()}")
     if cost is not None:
         print(f"# verify cost at start-up, {cost.describe(128)}")
     fields = {
         "engine": "llamacpp",
         "model": str(tree.path),
         "threads": tree.threads,
+        "flash_attn": tree.flash_attn,
+        "flash_choice": dataclasses.asdict(tree.flash_choice) if tree.flash_choice else None,
         "max_new_tokens": args.max_new_tokens,
         "budget": args.budget,
         "max_budget": args.max_budget,

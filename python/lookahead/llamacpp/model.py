@@ -9,6 +9,7 @@ of every token it was asked for.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 import warnings
@@ -29,16 +30,16 @@ DEFAULT_BATCH = 512
 # stay in the caches. Measured (`llama-bench -fa 0 -b 2048 -ub 32,64,128,192,512 -p 768`,
 # Q4_1 default model, 2 threads, Xeon): 263, 282, 276, 273, 255 tok/s.
 DEFAULT_UBATCH = 128
-# llama.cpp's flash attention, by the name llama-server's `--flash-attn` takes.
-FLASH_ATTN = {"off": 0, "on": 1, "auto": -1}
-# Off by default, where llama.cpp's `auto` turns it on: ggml's CPU kernel walks the cached keys
-# once per query row, so a verify forward's extra rows cost nearly a full row each at long
-# contexts. Measured (`llama-bench -fa 0,1 -d 768`, Q4_1 default model, 2 threads, Xeon with
-# AVX512): one row 13.7 ms off against 21.6 ms on, 8 rows 3.1x one row off against 4.5x on;
-# a 512-token prompt 5 % slower off. On an AVX512 EPYC the other way: plain llama.cpp decodes
-# 4-8 % faster with it on, and one row costs less with it on after 128 and 730 cached tokens.
-# Neither CPU's choice fits the other; "auto" is the switch. BENCHMARKS.md section 7.
-DEFAULT_FLASH_ATTN = "off"
+# llama.cpp's flash attention, by the name llama-server's `--flash-attn` takes; "fastest" is
+# ours: whichever of off and on runs `lookahead.llamacpp.flash`'s workload sooner here.
+FLASH_ATTN = {"fastest": None, "off": 0, "on": 1, "auto": -1}
+# Measured at load because neither setting is right on every CPU: on a Xeon with AVX512, ggml's
+# flash-attention kernel walks the cached keys once per query row, so a verify forward's extra
+# rows cost nearly a full row each at long contexts (`llama-bench -fa 0,1 -d 768`, Q4_1 default
+# model, 2 threads: one row 13.7 ms off against 21.6 ms on, 8 rows 3.1x one row off against
+# 4.5x on; a 512-token prompt 5 % slower off); on an AVX512 EPYC plain llama.cpp decodes 4-8 %
+# faster with it on. BENCHMARKS.md section 7.
+DEFAULT_FLASH_ATTN = "fastest"
 
 
 def llama_cpp():
@@ -128,8 +129,11 @@ class LlamaCppModel:
     `n_ctx`: the context in tokens (default: the model's training context, at most 8192);
     `n_threads`: CPU threads (default: the CPUs this process may run on, `default_threads`);
     `n_seq_max`: KV sequences, so the widest tree verified has at most `n_seq_max` branches;
-    `flash_attn`: llama.cpp's flash attention, "off" (default, `DEFAULT_FLASH_ATTN`), "on" or
-    "auto" (llama.cpp's choice: on where the backend has it)."""
+    `flash_attn`: llama.cpp's flash attention, "fastest" (default, `DEFAULT_FLASH_ATTN`: off
+    or on, whichever `lookahead.llamacpp.flash.fastest` measures faster here, about 2.5 s at
+    load on the default model; `flash_choice` keeps what it measured), "off", "on" or "auto"
+    (llama.cpp's choice: on where the backend has it). `flash_attn` is then the setting the
+    context has."""
 
     def __init__(
         self,
@@ -161,29 +165,53 @@ class LlamaCppModel:
         # A model without a tokenizer (ids in, ids out) has no text to show.
         self.has_text = int(ll.llama_vocab_type(self.vocab)) != ll.LLAMA_VOCAB_TYPE_NONE
         train_ctx = int(ll.llama_model_n_ctx_train(self.model))
+        n_ctx = int(n_ctx) if n_ctx else min(train_ctx, 8192)
+        threads = int(n_threads) if n_threads else default_threads()
+        self.ctx = self._batch = None
+        self._row_types: dict = {}  # floats -> ctypes array type (`_logits`)
+        self.flash_choice = None
+        if flash_attn == "fastest":
+            from lookahead.llamacpp.flash import fastest
+
+            try:
+                self.flash_choice = fastest(self, n_ctx, int(n_batch), threads)
+            except Exception:
+                self.close()
+                raise
+            flash_attn = self.flash_choice.choice
+        self._open_context(n_ctx, n_seq_max, n_batch, threads, flash_attn)
+
+    def _open_context(
+        self, n_ctx: int, n_seq_max: int, n_batch: int, threads: int, flash_attn: str
+    ) -> None:
+        """Replaces this model's context (and its KV cache) with a new one: a unified KV cache
+        of `n_seq_max` sequences, `n_batch` tokens a forward, prompts computed in graphs of
+        `DEFAULT_UBATCH` tokens, flash attention `flash_attn` ("off", "on" or "auto")."""
+        ll = self.ll
+        self._close_context()
         cp = ll.llama_context_default_params()
-        cp.n_ctx = int(n_ctx) if n_ctx else min(train_ctx, 8192)
+        cp.n_ctx = int(n_ctx)
         cp.n_batch = int(n_batch)
         cp.n_ubatch = min(int(n_batch), DEFAULT_UBATCH)
         cp.n_seq_max = int(n_seq_max)
         cp.kv_unified = True  # a tree's branches share the context's cells
-        cp.n_threads = cp.n_threads_batch = int(n_threads) if n_threads else default_threads()
+        cp.n_threads = cp.n_threads_batch = int(threads)
         cp.flash_attn_type = FLASH_ATTN[flash_attn]
         self.ctx = ll.llama_init_from_model(self.model, cp)
         if not self.ctx:
-            ll.llama_model_free(self.model)
+            self.close()
             raise ModelLoadError(f"llama.cpp could not make a context for {self.path}")
         self.n_ctx = int(ll.llama_n_ctx(self.ctx))
         self.n_seq_max = int(n_seq_max)
         self.n_batch = int(n_batch)
+        self.n_ubatch = int(cp.n_ubatch)
         self.mem = ll.llama_get_memory(self.ctx)
         self._batch = ll.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         self.threads = int(cp.n_threads)
         self.flash_attn = flash_attn
-        self._row_types: dict = {}  # floats -> ctypes array type (`_logits`)
 
-    def close(self) -> None:
-        """Frees the context and the model (also at garbage collection)."""
+    def _close_context(self) -> None:
+        """Frees the context and its batch (the model stays loaded)."""
         ll = getattr(self, "ll", None)
         if ll is None:
             return
@@ -193,9 +221,26 @@ class LlamaCppModel:
         if getattr(self, "ctx", None):
             ll.llama_free(self.ctx)
             self.ctx = None
-        if getattr(self, "model", None):
-            ll.llama_model_free(self.model)
-            self.model = None
+
+    def sibling(
+        self, n_ctx: int, n_seq_max: int, n_batch: int, threads: int, flash_attn: str
+    ) -> LlamaCppModel:
+        """Another context on this model's weights, loaded once (`_open_context`'s arguments):
+        closing it frees only its context, and it must be closed before this model is."""
+        other = copy.copy(self)
+        other.ctx = other._batch = None
+        other._owns_model = False
+        other._row_types = {}
+        other.flash_choice = None
+        other._open_context(n_ctx, n_seq_max, n_batch, threads, flash_attn)
+        return other
+
+    def close(self) -> None:
+        """Frees the context and the model (also at garbage collection)."""
+        self._close_context()
+        if getattr(self, "model", None) and getattr(self, "_owns_model", True):
+            self.ll.llama_model_free(self.model)
+        self.model = None
 
     def __del__(self):
         try:

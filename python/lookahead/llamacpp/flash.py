@@ -1,0 +1,129 @@
+"""Which of llama.cpp's flash-attention settings runs this engine's work sooner on this CPU:
+`LlamaCppModel(flash_attn="fastest")`, the default.
+
+Neither setting is right on every CPU (BENCHMARKS.md section 7): on a Xeon with AVX512, ggml's
+flash-attention kernel makes each row of a verify forward cost nearly a full row at long
+contexts, and off is faster; on an AVX512 EPYC, on is faster for prompts and for forwards
+alike. So at load the model times, in one context of each setting on the same weights, a
+prompt of `PROMPT` tokens and forwards of 1 and 4 rows after it, the two settings taking turns,
+and keeps the setting whose workload (that prompt, then `STEPS` forwards, half of each width)
+is sooner. About 2.5 s on the default model's Q4_1 file (2 threads, AVX512 EPYC);
+`--flash-attn off|on` skips it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+# The workload a setting is judged by: a prompt of PROMPT tokens, then STEPS forwards after it,
+# as many of each width in WIDTHS (plain decoding's one row, a typical verify's 4). The shape of
+# the demo's and the benchmark's requests: prompts of 300-700 tokens, 128 new tokens.
+PROMPT = 512
+STEPS = 128
+WIDTHS = (1, 4)
+SETTINGS = ("off", "on")
+# Forwards of each width timed per setting (their median is kept).
+REPS = 4
+# "on" only when its workload is this much sooner: where the two settings are this close, the
+# choice stays off rather than flip between runs (outputs can fork between settings).
+MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class FlashChoice:
+    """What `fastest` measured: seconds of the prompt and of a forward of each width, by
+    setting, and the setting it chose."""
+
+    choice: str
+    prompt_tokens: int
+    prompt_s: dict  # setting -> seconds of the prompt's forwards
+    forward_s: dict  # setting -> {width: seconds of one forward of that many rows}
+
+    def workload_s(self, setting: str) -> float:
+        """Seconds of the workload (`STEPS` forwards after the prompt) in `setting`."""
+        return workload_s(self.prompt_s[setting], self.forward_s[setting])
+
+    def describe(self) -> str:
+        """`flash attention on, measured faster here: a 512-token prompt and 128 forwards of
+        1 and 4 rows 1.21 s off, 1.10 s on (prompt 0.31 / 0.29 s; forwards 5.1, 13.0 / 4.8,
+        12.1 ms)`."""
+        widths = " and ".join(str(w) for w in self.forward_s[SETTINGS[0]])
+        totals = ", ".join(f"{self.workload_s(s):.2f} s {s}" for s in SETTINGS)
+        prompts = " / ".join(f"{self.prompt_s[s]:.2f}" for s in SETTINGS)
+        rows = " / ".join(
+            ", ".join(f"{1e3 * t:.1f}" for t in self.forward_s[s].values()) for s in SETTINGS
+        )
+        return (
+            f"flash attention {self.choice}, measured faster here: a {self.prompt_tokens}-token "
+            f"prompt and {STEPS} forwards of {widths} rows {totals} (prompt {prompts} s; "
+            f"forwards {rows} ms)"
+        )
+
+
+def workload_s(prompt_s: float, forward_s: dict) -> float:
+    """Seconds of the prompt and then `STEPS` forwards, as many of each width in `forward_s`
+    ({width: seconds of one forward})."""
+    return prompt_s + STEPS / len(forward_s) * sum(forward_s.values())
+
+
+def pick(seconds: dict, margin: float = MARGIN) -> str:
+    """ "on" where its workload's `seconds` are at least `margin` fewer than off's, else "off"."""
+    return "on" if seconds["on"] < (1.0 - margin) * seconds["off"] else "off"
+
+
+def fastest(model, n_ctx: int, n_batch: int, threads: int, reps: int = REPS) -> FlashChoice:
+    """Times the workload in two one-sequence contexts on `model`'s weights (`sibling`), one
+    per setting, freed before it returns: the prompt (as long as `n_ctx` allows, up to
+    `PROMPT` tokens) a graph (`n_ubatch` tokens) at a time, then `reps` forwards of
+    each width after it, the settings alternating at every graph and forward, in an order
+    that turns each time, so that the VM's drift hits both alike."""
+    width = max(WIDTHS)
+    n_prompt = max(1, min(PROMPT, n_ctx - width - 1))
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, model.n_vocab, size=n_prompt).tolist()
+    prompt_s: dict = {s: 0.0 for s in SETTINGS}
+    forward_s: dict = {s: {w: [] for w in WIDTHS} for s in SETTINGS}
+    ctxs: dict = {}
+    turn = 0
+
+    def forward(tokens, start: int, keep: bool) -> dict:
+        """Seconds of one forward of `tokens` from position `start`, logits for the last row
+        or (`keep` False: a step, dropped after) for every row, in each context."""
+        nonlocal turn
+        n = len(tokens)
+        want = [not keep or i == n - 1 for i in range(n)]
+        out = {}
+        for s in SETTINGS if turn % 2 == 0 else SETTINGS[::-1]:
+            m = ctxs[s]
+            t0 = time.perf_counter()
+            m.decode(tokens, range(start, start + n), [[0]] * n, want)
+            out[s] = time.perf_counter() - t0
+            if not keep:
+                m.seq_rm(-1, start, -1)
+        turn += 1
+        return out
+
+    try:
+        for s in SETTINGS:
+            ctxs[s] = model.sibling(n_prompt + width + 1, 1, n_batch, threads, s)
+        # Warm-up: the first forward of a context builds its graphs (and the first of all
+        # pages the weights in), which a request's forwards do not pay.
+        forward(prompt[:width], 0, keep=False)
+        step = ctxs[SETTINGS[0]].n_ubatch
+        for i in range(0, n_prompt, step):
+            for s, t in forward(prompt[i : i + step], i, keep=True).items():
+                prompt_s[s] += t
+        for _ in range(reps):
+            for w in WIDTHS:
+                toks = rng.integers(0, model.n_vocab, size=w).tolist()
+                for s, t in forward(toks, n_prompt, keep=False).items():
+                    forward_s[s][w].append(t)
+    finally:
+        for m in ctxs.values():
+            m.close()
+    med = {s: {w: float(np.median(v)) for w, v in d.items()} for s, d in forward_s.items()}
+    choice = pick({s: workload_s(prompt_s[s], med[s]) for s in SETTINGS})
+    return FlashChoice(choice, n_prompt, prompt_s, med)
