@@ -60,7 +60,8 @@ def test_demo_runs_plain_and_lookahead_on_every_prompt(gguf, tmp_path, capsys):
 
 def test_calibrate_prints_the_measured_curve(gguf, capsys):
     assert cli.main(["calibrate", "--engine", "llamacpp", "--model", gguf]) == 0
-    assert "W=1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "W=1" in out and "-token prompt and 128 forwards of 1 and 4 rows" in out
 
 
 @pytest.mark.parametrize(

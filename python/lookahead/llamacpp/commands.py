@@ -85,12 +85,15 @@ def generator(args):
 
 
 def calibrate(args) -> int:
-    """`lookahead calibrate --engine llamacpp`: the verify cost by rows, measured now (the
-    engine measures it at every start, about a second; nothing is kept)."""
+    """`lookahead calibrate --engine llamacpp`: the flash-attention setting and the verify
+    cost by rows, measured now (the engine measures both at every start, a few seconds;
+    nothing is kept)."""
     from lookahead.llamacpp.costs import measure_costs
 
     model = load(args)
     costs = measure_costs(model)
+    if model.flash_choice is not None:
+        print(model.flash_choice.describe())
     print(f"verify cost by rows ({describe(model)}; measured at every start)")
     print(costs.describe(128))
     return 0
