@@ -57,7 +57,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=16)
     args = ap.parse_args(argv)
     for quant in args.quants.split(","):
-        m = LlamaCppModel(gguf_of(quant), n_threads=2, n_seq_max=16)
+        # flash attention as llama.cpp's default gave it when this was measured (before 5bf55b5)
+        m = LlamaCppModel(gguf_of(quant), n_threads=2, n_seq_max=16, flash_attn="auto")
         med = {k: 1e3 * float(np.median(v)) for k, v in time_rows(m, args.rounds).items()}
         one = med[(1, True)]
         print(f"{quant.upper()}: one row {one:.2f} ms")

@@ -67,8 +67,9 @@ def main(argv: list[str]) -> int:
     tok = AutoTokenizer.from_pretrained(str(default_model_path()))
     prompts = load_prompts(None)
     gguf = default_gguf_path()
-    m = LlamaCppModel(gguf, n_ctx=4096, n_threads=2)
-    plain = LlamaCppModel(gguf, n_ctx=4096, n_threads=2, n_seq_max=1, flash_attn=m.flash_attn)
+    # flash attention as llama.cpp's default gave it when this was measured (before 5bf55b5)
+    plain = LlamaCppModel(gguf, n_ctx=4096, n_threads=2, n_seq_max=1, flash_attn="auto")
+    m = LlamaCppModel(gguf, n_ctx=4096, n_threads=2, flash_attn="auto")
     rng = np.random.default_rng(0)
     for all_rows in (True, False):
         c = cost_curve(plain, rng, all_rows)

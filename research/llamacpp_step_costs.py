@@ -52,7 +52,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args(argv)
-    m = LlamaCppModel(gguf_of(args.quant), n_ctx=4096, n_threads=2)
+    # flash attention as llama.cpp's default gave it when this was measured (before 5bf55b5)
+    m = LlamaCppModel(gguf_of(args.quant), n_ctx=4096, n_threads=2, flash_attn="auto")
     gen = LlamaCppGenerator(m)
     timed = Timed(m)
     gen.generate(m.encode("Say hello.", chat=True), 16)  # warm-up: the sizer starts
