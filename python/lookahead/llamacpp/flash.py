@@ -81,12 +81,13 @@ def fastest(model, n_ctx: int, n_batch: int, threads: int, reps: int = REPS) -> 
     `PROMPT` tokens) a graph (`n_ubatch` tokens) at a time, then `reps` forwards of
     each width after it, the settings alternating at every graph and forward, in an order
     that turns each time, so that the VM's drift hits both alike."""
-    width = max(WIDTHS)
+    widths = tuple(w for w in WIDTHS if w <= n_batch)  # a forward takes n_batch rows at most
+    width = max(widths)
     n_prompt = max(1, min(PROMPT, n_ctx - width - 1))
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, model.n_vocab, size=n_prompt).tolist()
     prompt_s: dict = {s: 0.0 for s in SETTINGS}
-    forward_s: dict = {s: {w: [] for w in WIDTHS} for s in SETTINGS}
+    forward_s: dict = {s: {w: [] for w in widths} for s in SETTINGS}
     ctxs: dict = {}
     turn = 0
 
@@ -118,7 +119,7 @@ def fastest(model, n_ctx: int, n_batch: int, threads: int, reps: int = REPS) -> 
             for s, t in forward(prompt[i : i + step], i, keep=True).items():
                 prompt_s[s] += t
         for _ in range(reps):
-            for w in WIDTHS:
+            for w in widths:
                 toks = rng.integers(0, model.n_vocab, size=w).tolist()
                 for s, t in forward(toks, n_prompt, keep=False).items():
                     forward_s[s][w].append(t)
