@@ -57,9 +57,10 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         help="with --engine llamacpp: llama.cpp's flash attention for every forward, the "
         "plain run's and the demo's llama-server too (default fastest: off or on, whichever "
         "runs a 512-token prompt and 128 forwards of 1 and 4 rows sooner on this CPU, timed at "
-        "load, about 2.5 s on the default model; off wins on a Xeon, where its kernel makes "
-        "each row of a verify forward cost nearly a full row at long contexts; on, mostly, on "
-        "an AVX512 EPYC; auto is llama.cpp's default, on: BENCHMARKS.md section 7)",
+        "load, about 2.5 s on the default model, on only when 3 %% sooner; off is expected to "
+        "win on a Xeon, where its kernel makes each row of a verify forward cost nearly a full "
+        "row at long contexts; on won most loads on an AVX512 EPYC; auto is llama.cpp's "
+        "default, on: BENCHMARKS.md section 7.2)",
     )
 
 

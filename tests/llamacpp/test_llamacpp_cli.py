@@ -24,7 +24,7 @@ def test_generate_streams_the_text_and_reports_the_steps(gguf, capsys):
     assert cli.main(argv) == 0
     out, err = capsys.readouterr()
     assert out.strip() and "12 tokens in" in err and "llama.cpp, text.gguf" in err
-    assert "FixedSizer" in err and "(measured faster here)" in err  # flash: the default
+    assert "FixedSizer" in err and "(chosen by timing at load)" in err  # flash: the default
     assert cli.main([*argv, "--flash-attn", "on"]) == 0
     err = capsys.readouterr().err
     assert "flash attention on" in err and "measured" not in err

@@ -59,9 +59,9 @@ def load(args):
 
 
 def describe(model) -> str:
-    """`llama.cpp, SmolLM2-135M-Instruct.Q4_1.gguf, 2 threads, flash attention on (measured
-    faster here)`."""
-    how = " (measured faster here)" if model.flash_choice is not None else ""
+    """`llama.cpp, SmolLM2-135M-Instruct.Q4_1.gguf, 2 threads, flash attention on (chosen by
+    timing at load)`."""
+    how = " (chosen by timing at load)" if model.flash_choice is not None else ""
     return (
         f"llama.cpp, {model.path.name}, {model.threads} threads, flash attention "
         f"{model.flash_attn}{how}"
