@@ -4,7 +4,7 @@
 Neither setting is right on every CPU (BENCHMARKS.md section 7): on a Xeon with AVX512, ggml's
 flash-attention kernel makes each row of a verify forward cost nearly a full row at long
 contexts, and off is faster; on an AVX512 EPYC, on was faster in most loads (its workload took
-0.88-0.93 of off's time on the Q4 files) but not all (1.00 once, and 1.04 on F16). So at load
+0.87-0.93 of off's time on the Q4 files) but not all (1.00 once, and 1.04 on F16). So at load
 the model times, in one context of each setting on the same weights, a prompt of `PROMPT`
 tokens and forwards of 1 and 4 rows after it, the two settings taking turns, and keeps the
 setting whose workload (that prompt, then `STEPS` forwards, half of each width) is sooner.
