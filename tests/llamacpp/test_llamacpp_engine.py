@@ -286,6 +286,12 @@ def test_flash_attention_is_measured_unless_asked_and_lookahead_is_exact_either_
     for bad in ("yes", None, ["off"]):
         with pytest.raises(ValueError, match="flash_attn must be one of fastest, off, on, auto"):
             LlamaCppModel(gguf_path, flash_attn=bad)
+    m = LlamaCppModel(gguf_path, n_ctx=256, n_seq_max=1, flash_attn="off")
+    try:
+        with pytest.raises(ValueError, match="a context's flash_attn is off, on or auto"):
+            m.sibling(256, 1, 64, 2, "fastest")  # chosen at load, never a context's own
+    finally:
+        m.close()
 
 
 def test_the_default_flash_attention_is_the_setting_measured_faster_at_load(gguf_path):

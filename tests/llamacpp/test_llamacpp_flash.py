@@ -71,6 +71,9 @@ def test_the_choice_follows_the_measured_costs_and_the_settings_take_turns(clock
     assert c.forward_s["on"] == {1: pytest.approx(0.8e-3), 4: pytest.approx(3.2e-3)}
     assert c.prompt_s["off"] == pytest.approx(flash.PROMPT * 1.0e-4)
     assert c.workload_s("on") < c.workload_s("off")
+    # what the timing took: every forward it ran, in both settings (contexts cost nothing here)
+    spent = sum(m.per_row[s] * n * (1.0 if n <= 4 else 0.1) for s, n in m.log)
+    assert c.probe_s == pytest.approx(spent) and f"timed in {spent:.1f} s" in c.describe()
     # every forward ran in both settings, back to back, the first of each pair turning
     assert len(m.log) % 2 == 0
     pairs = [(m.log[i], m.log[i + 1]) for i in range(0, len(m.log), 2)]

@@ -187,6 +187,8 @@ class LlamaCppModel:
         """Replaces this model's context (and its KV cache) with a new one: a unified KV cache
         of `n_seq_max` sequences, `n_batch` tokens a forward, prompts computed in graphs of
         `DEFAULT_UBATCH` tokens, flash attention `flash_attn` ("off", "on" or "auto")."""
+        if FLASH_ATTN.get(flash_attn) is None:  # "fastest" is chosen before a context opens
+            raise ValueError(f"a context's flash_attn is off, on or auto, got {flash_attn!r}")
         ll = self.ll
         self._close_context()
         cp = ll.llama_context_default_params()
