@@ -184,13 +184,12 @@ class LlamaCppModel:
     def _open_context(
         self, n_ctx: int, n_seq_max: int, n_batch: int, threads: int, flash_attn: str
     ) -> None:
-        """Replaces this model's context (and its KV cache) with a new one: a unified KV cache
-        of `n_seq_max` sequences, `n_batch` tokens a forward, prompts computed in graphs of
-        `DEFAULT_UBATCH` tokens, flash attention `flash_attn` ("off", "on" or "auto")."""
+        """Opens this model's context (it has none yet): a unified KV cache of `n_seq_max`
+        sequences, `n_batch` tokens a forward, prompts computed in graphs of `DEFAULT_UBATCH`
+        tokens, flash attention `flash_attn` ("off", "on" or "auto")."""
         if FLASH_ATTN.get(flash_attn) is None:  # "fastest" is chosen before a context opens
             raise ValueError(f"a context's flash_attn is off, on or auto, got {flash_attn!r}")
         ll = self.ll
-        self._close_context()
         cp = ll.llama_context_default_params()
         cp.n_ctx = int(n_ctx)
         cp.n_batch = int(n_batch)
@@ -212,8 +211,21 @@ class LlamaCppModel:
         self.threads = int(cp.n_threads)
         self.flash_attn = flash_attn
 
-    def _close_context(self) -> None:
-        """Frees the context and its batch (the model stays loaded)."""
+    def sibling(
+        self, n_ctx: int, n_seq_max: int, n_batch: int, threads: int, flash_attn: str
+    ) -> LlamaCppModel:
+        """Another context on this model's weights, loaded once (`_open_context`'s arguments):
+        closing it frees only its context, and it must be closed before this model is."""
+        other = copy.copy(self)
+        other.ctx = other._batch = None
+        other._owns_model = False  # its row types cache (`_logits`) is shared: sizes only
+        other.flash_choice = None
+        other._open_context(n_ctx, n_seq_max, n_batch, threads, flash_attn)
+        return other
+
+    def close(self) -> None:
+        """Frees the context and the model, or only the context of a `sibling` (also at
+        garbage collection)."""
         ll = getattr(self, "ll", None)
         if ll is None:
             return
@@ -223,25 +235,8 @@ class LlamaCppModel:
         if getattr(self, "ctx", None):
             ll.llama_free(self.ctx)
             self.ctx = None
-
-    def sibling(
-        self, n_ctx: int, n_seq_max: int, n_batch: int, threads: int, flash_attn: str
-    ) -> LlamaCppModel:
-        """Another context on this model's weights, loaded once (`_open_context`'s arguments):
-        closing it frees only its context, and it must be closed before this model is."""
-        other = copy.copy(self)
-        other.ctx = other._batch = None
-        other._owns_model = False
-        other._row_types = {}
-        other.flash_choice = None
-        other._open_context(n_ctx, n_seq_max, n_batch, threads, flash_attn)
-        return other
-
-    def close(self) -> None:
-        """Frees the context and the model (also at garbage collection)."""
-        self._close_context()
         if getattr(self, "model", None) and getattr(self, "_owns_model", True):
-            self.ll.llama_model_free(self.model)
+            ll.llama_model_free(self.model)
         self.model = None
 
     def __del__(self):
