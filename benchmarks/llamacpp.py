@@ -83,11 +83,15 @@ def server_row(resp: dict) -> dict:
 
 def llama_bench(model: Path, threads: int, flash_attn: str = "off") -> dict:
     """`llama-bench -p W -n 0` seconds per forward of W prompt tokens, by W."""
+    from lookahead.llamacpp.model import FLASH_ATTN
+
     ws = "1,2,3,4,6,8,12,16,24,32"
-    fa = {"off": "0", "on": "1", "auto": "-1"}[flash_attn]
+    fa = FLASH_ATTN[flash_attn]  # llama.cpp's numbers, which llama-bench's -fa takes
+    if fa is None:
+        raise ValueError("llama-bench runs one flash-attention setting: off, on or auto")
     out = subprocess.run(
         [str(BIN / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", ws, "-n", "0",
-         "-fa", fa, "-r", "5", "-o", "json"],
+         "-fa", str(fa), "-r", "5", "-o", "json"],
         check=True, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     return {int(r["n_prompt"]): r["avg_ns"] / 1e9 for r in json.loads(out.stdout)}
