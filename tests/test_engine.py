@@ -225,6 +225,30 @@ def test_stop_strings_and_streaming():
     assert len(chunks) == res.stats.steps < len(res.ids)
 
 
+def test_host_time_counts_every_step_but_the_callers_own():
+    import time
+
+    model = tiny_model("llama", seed=9)
+    slept = []
+
+    def slow_reader(ids, text):
+        t = time.perf_counter()
+        time.sleep(0.004)
+        slept.append(time.perf_counter() - t)
+
+    ids = repetitive_prompt(random.Random(3), VOCAB)
+    gen = LookaheadGenerator(model, budget=4)
+    st = gen.generate(ids, max_new_tokens=20, eos_token_id=None, on_tokens=slow_reader).stats
+    parts = st.draft_s + st.mask_s + st.forward_s + st.verify_s + st.kv_s + st.other_s
+    caller = sum(slept)
+    # Stop checks, the sizer's learning and the cache's extend count as the step's; the
+    # caller's callback does not; the parts account for the decode time but the step's
+    # set-up (a KV cache and the tree's buffers).
+    assert 0 < st.other_s < caller / 4
+    assert 0 <= st.total_s - st.prefill_s - parts - caller < 0.05
+    assert st.host_overhead == pytest.approx((parts - st.forward_s) / st.forward_s)
+
+
 def test_a_stop_string_before_eos_in_one_step_ends_the_output_first():
     tok = tiny_tokenizer(VOCAB)
     model = tiny_model("llama", seed=9)

@@ -81,7 +81,7 @@ def generate(args) -> int:
         f"{s.steps} steps, {s.tokens_per_step:.2f} tokens/step, {s.mean_accepted:.2f} accepted "
         f"draft tokens/step; prefill {s.prefill_s:.2f}s, draft {s.draft_s:.3f}s, mask "
         f"{s.mask_s:.3f}s, forward {s.forward_s:.2f}s, verify {s.verify_s:.3f}s, KV fix-up "
-        f"{s.kv_s:.3f}s (host {100 * s.host_overhead:.1f}% of forward); {note}, "
+        f"{s.kv_s:.3f}s, other {s.other_s:.3f}s (host {100 * s.host_overhead:.1f}% of forward); {note}, "
         + f"{sum(s.draft_nodes) / max(s.steps, 1):.1f} nodes/step by {gen.sizer!r}"
         + f"; finish: {res.finish_reason}]"
     )

@@ -23,7 +23,7 @@ class DemoRow:
     steps: int
     mean_accepted: float  # accepted draft tokens per step (bonus not counted)
     tokens_per_step: float  # emitted tokens per step (accepted + bonus)
-    host_overhead: float  # (draft + mask + verify + KV fix-up) / forward time
+    host_overhead: float  # host time between forwards / forward time (GenerationStats)
     identical: bool
     fork: object = None  # lookahead.forks.Fork where not identical
     peer_tokens: int | None = None  # None: no peer ran (--no-pld; no llama-server)

@@ -42,8 +42,9 @@ AUTO_MAX_NODES = 32
 # `DEEP_ACCEPT` draft tokens up to `max_budget` (default: the budget).
 FIXED_BUDGET = 8
 DEEP_ACCEPT = 4
-# The host's time per step (draft, tree inputs, verify, KV fix-up) is followed as a moving
-# average with this weight on the newest step: it adds to every choice's forward time.
+# The host's time per step (draft, tree inputs, verify, KV fix-up, learning, stop checks) is
+# followed as a moving average with this weight on the newest step: it adds to every choice's
+# forward time.
 HOST_EMA = 0.1
 # What the engine learnt of forward costs is written back at most this often, and only
 # after this many new forwards (one small JSON file; see `lookahead.costs.keep`).
@@ -83,7 +84,7 @@ class Step:
     rows: int  # rows of the verify forward (the root and the verified nodes)
     context_len: int  # tokens in the KV cache before the tree
     forward_s: float  # the forward's measured seconds
-    host_s: float  # the step's other seconds (draft, tree inputs, verify, KV fix-up)
+    host_s: float  # the step's other seconds between forwards, the caller's callback aside
     drafted: tuple | None  # (tokens, parents, scores, matched) before the cut, root first
     path: list  # accepted nodes, root first
     emitted: list  # the step's tokens (accepted drafts + the bonus)

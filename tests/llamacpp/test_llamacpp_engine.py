@@ -147,6 +147,27 @@ def test_streaming_gives_every_token_once(model):
     assert seen == res.ids and len(res.ids) == 30 and res.finish_reason == "length"
 
 
+def test_host_time_counts_every_step_but_the_callers_own(model):
+    import time
+
+    slept = []
+
+    def slow_reader(ids, text):
+        t = time.perf_counter()
+        time.sleep(0.004)
+        slept.append(time.perf_counter() - t)
+
+    st = LlamaCppGenerator(model).generate(prompts(1)[0], 30, on_tokens=slow_reader).stats
+    parts = st.draft_s + st.mask_s + st.forward_s + st.verify_s + st.kv_s + st.other_s
+    caller = sum(slept)
+    # The sizer's learning, stop checks and the cache's extend are counted (other_s > 0);
+    # the caller's callback is not, and the parts account for the decode time but the
+    # first token's verdict (well under a millisecond on this model).
+    assert 0 < st.other_s < caller / 4
+    assert 0 <= st.total_s - st.prefill_s - parts - caller < 0.01
+    assert st.host_overhead == pytest.approx((parts - st.forward_s) / st.forward_s)
+
+
 def test_bad_files_fail_in_one_line(tmp_path, gguf_path):
     with pytest.raises(ModelLoadError, match="not found"):
         LlamaCppModel(tmp_path / "missing.gguf")

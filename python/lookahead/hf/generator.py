@@ -252,6 +252,7 @@ class LookaheadGenerator:
         out: list = []
         root = req.ids[-1]
         last = 0  # what the previous step accepted, as the sizer read it
+        between = 0.0  # the last step's host time outside its stages (`GenerationStats.other_s`)
         while True:
             t1 = perf()
             prop = propose(
@@ -300,7 +301,7 @@ class LookaheadGenerator:
                     rows=tree.n,
                     context_len=seq_len,
                     forward_s=t4 - t3,
-                    host_s=(t3 - t1) + (t6 - t4),
+                    host_s=(t3 - t1) + (t6 - t4) + between,
                     drafted=prop.drafted,
                     path=verdict.path,
                     emitted=verdict.emitted,
@@ -318,17 +319,23 @@ class LookaheadGenerator:
             # Draft tokens cut off with the rest were not output: not counted as accepted.
             stats.record_step(min(verdict.accepted, kept), tree.n - 1, (t1, t2, t3, t4, t5, t6))
 
+            caller_s = 0.0  # in `on_tokens`: the caller's time, not the step's
             if req.on_tokens is not None and kept:
                 text = req.text
                 delta = text.delta(out, final=cut is not None) if text is not None else ""
+                tc = perf()
                 req.on_tokens(out[start:], delta)
+                caller_s = perf() - tc
             if kept:  # the final tokens too join the request's output (shared history)
                 self.cache.extend(req.rid, out[start:], *(r[:kept] for r in rows or ()))
             if cut is not None:
+                stats.other_s += perf() - t6 - caller_s
                 return out, reason
             root = verdict.emitted[-1]
             acceptance.emitted(verdict.emitted)
             seq_len += len(verdict.path)
+            between = perf() - t6 - caller_s
+            stats.other_s += between
 
 
 def generate(model, prompt, tokenizer=None, **kwargs) -> GenerationResult:

@@ -27,6 +27,9 @@ class GenerationStats:
     forward_s: float = 0.0  # the model forward over the tree
     verify_s: float = 0.0  # logits processing + verify kernel
     kv_s: float = 0.0  # KV fix-up (move accepted rows, crop)
+    # The rest of each step besides the caller's `on_tokens`: the sizer learning from the
+    # verdict, stop checks, the cache extended with the step's tokens.
+    other_s: float = 0.0
     total_s: float = 0.0
 
     def record_step(self, accepted: int, nodes: int, t: tuple) -> None:
@@ -54,8 +57,9 @@ class GenerationStats:
 
     @property
     def host_overhead(self) -> float:
-        """(draft + mask + verify + KV fix-up) time as a fraction of the forward time."""
-        host = self.draft_s + self.mask_s + self.verify_s + self.kv_s
+        """The host's time between forwards (draft + mask + verify + KV fix-up + other) as a
+        fraction of the forward time."""
+        host = self.draft_s + self.mask_s + self.verify_s + self.kv_s + self.other_s
         return host / self.forward_s if self.forward_s else 0.0
 
     def as_dict(self) -> dict:

@@ -223,19 +223,27 @@ class LlamaCppGenerator:
         try:
             first = verdict(row[None], [ids[-1]], [-1], [0], 0)[1]
             emitted, last, reason = [first], 0, None
+            learn_s = 0.0  # the last step's time in the sizer's `observe`
             while True:
+                te = time.perf_counter()
                 start = len(out)
                 out.extend(emitted)
                 cut, reason = find_cut(out, start, ends, set(), text, max_new_tokens)
                 if cut is not None:
                     del out[cut:]
                 self.cache.extend(rid, out[start:])
+                caller_s = 0.0  # in `on_tokens`: the caller's time, not the step's
                 if on_tokens and len(out) > start:
                     delta = text.delta(out, cut is not None) if text else ""
+                    tc = time.perf_counter()
                     on_tokens(out[start:], delta)
+                    caller_s = time.perf_counter() - tc
+                t0 = time.perf_counter()
+                st.other_s += t0 - te - caller_s
                 if cut is not None:
                     break
-                t0 = time.perf_counter()
+                # The host's time between the last forward and this one, outside the stages.
+                between = learn_s + (t0 - te - caller_s)
                 p = propose(
                     self.cache,
                     rid,
@@ -269,7 +277,7 @@ class LlamaCppGenerator:
                         rows=len(tokens),
                         context_len=n_past - len(path),
                         forward_s=t3 - t2,
-                        host_s=(t2 - t0) + (t5 - t3),
+                        host_s=(t2 - t0) + (t5 - t3) + between,
                         drafted=p.drafted,
                         path=path,
                         emitted=emitted,
@@ -277,6 +285,8 @@ class LlamaCppGenerator:
                         last=last,
                     )
                 )
+                learn_s = time.perf_counter() - t5
+                st.other_s += learn_s
         finally:
             self.cache.finish_request(rid)
             self.sizer.finish()
