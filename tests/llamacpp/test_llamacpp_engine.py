@@ -139,6 +139,34 @@ def test_logits_read_in_place_are_the_copied_ones(plain_model):
     assert view.shape == (1, plain_model.n_vocab) and not view.flags.owndata
 
 
+def test_logits_follow_a_buffer_llama_cpp_moves(plain_model):
+    import ctypes
+
+    m = plain_model
+    ids = prompts(1)[0]
+    m.reset()
+    m.prefill(ids[:-1], [0])
+    n = len(ids) - 1
+
+    def fresh(i):  # llama.cpp's row i, read through no kept array
+        p = m.ll.llama_get_logits_ith(m.ctx, i)
+        return np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_float)),
+                                     shape=(m.n_vocab,)).copy()  # fmt: skip
+
+    one = m.decode([ids[-1]], [n], [[0]], [True], copy=False)[0].copy()
+    np.testing.assert_array_equal(one, fresh(0))
+    before = ctypes.cast(m.ll.llama_get_logits(m.ctx), ctypes.c_void_p).value
+    # More rows of logits than llama.cpp reserved: it makes a larger buffer elsewhere.
+    wide = 80
+    rows = m.decode(list(range(wide)), range(n + 1, n + 1 + wide), [[0]] * wide, [True] * wide)
+    assert ctypes.cast(m.ll.llama_get_logits(m.ctx), ctypes.c_void_p).value != before
+    np.testing.assert_array_equal(rows[-1], fresh(wide - 1))
+    m.seq_rm(0, n, -1)
+    again = m.decode([ids[-1]], [n], [[0]], [True], copy=False)
+    np.testing.assert_array_equal(again[0], fresh(0))
+    np.testing.assert_array_equal(again[0], one)
+
+
 def test_streaming_gives_every_token_once(model):
     seen = []
     res = LlamaCppGenerator(model).generate(

@@ -30,6 +30,9 @@ DEFAULT_BATCH = 512
 # stay in the caches. Measured (`llama-bench -fa 0 -b 2048 -ub 32,64,128,192,512 -p 768`,
 # Q4_1 default model, 2 threads, Xeon): 263, 282, 276, 273, 255 tok/s.
 DEFAULT_UBATCH = 128
+# Arrays over llama.cpp's logits kept at most (`LlamaCppModel._logits`: one per address and
+# row count); past it they are made again.
+MAX_VIEWS = 64
 # llama.cpp's flash attention, by the name llama-server's `--flash-attn` takes; "fastest" is
 # ours: whichever of off and on runs `lookahead.llamacpp.flash`'s workload sooner here.
 FLASH_ATTN = {"fastest": None, "off": 0, "on": 1, "auto": -1}
@@ -168,7 +171,7 @@ class LlamaCppModel:
         n_ctx = int(n_ctx) if n_ctx else min(train_ctx, 8192)
         threads = int(n_threads) if n_threads else default_threads()
         self.ctx = self._batch = None
-        self._row_types: dict = {}  # floats -> ctypes array type (`_logits`)
+        self._views: dict = {}  # (logits address, rows) -> array over it (`_logits`)
         self.flash_choice = None
         if flash_attn == "fastest":
             from lookahead.llamacpp.flash import fastest
@@ -218,7 +221,8 @@ class LlamaCppModel:
         closing it frees only its context, and it must be closed before this model is."""
         other = copy.copy(self)
         other.ctx = other._batch = None
-        other._owns_model = False  # its row types cache (`_logits`) is shared: sizes only
+        other._owns_model = False
+        other._views = {}  # arrays over this context's own buffer (`_logits`)
         other.flash_choice = None
         other._open_context(n_ctx, n_seq_max, n_batch, threads, flash_attn)
         return other
@@ -350,17 +354,22 @@ class LlamaCppModel:
         return self._logits(rows, copy)
 
     def _logits(self, rows: int, copy: bool = True) -> np.ndarray:
-        """The last forward's `rows` rows of logits, copied or not. (`np.ctypeslib.as_array`
-        builds a ctypes array type at every call: 60 us a step after a forward, measured;
-        the types here are made once per row count.)"""
-        n = rows * self.n_vocab
-        if n == 0:  # a prompt chunk before the last
+        """The last forward's `rows` rows of logits, copied or not. The array over
+        llama.cpp's buffer is made once per (address, rows) and kept: making one
+        (`np.ctypeslib.as_array`, or a ctypes array type and `np.frombuffer`) cost 30-60 us a
+        step right after a forward, measured, against ~10 us for the address alone. A
+        buffer llama.cpp moves has a new address, and `rows` never exceeds the outputs of
+        the forward just run, so a kept array never reads past the buffer."""
+        if rows == 0:  # a prompt chunk before the last
             return np.empty((rows, self.n_vocab), dtype=np.float32)
-        kind = self._row_types.get(n)
-        if kind is None:
-            kind = self._row_types[n] = ctypes.c_float * n
         addr = ctypes.cast(self.ll.llama_get_logits(self.ctx), ctypes.c_void_p).value
-        view = np.frombuffer(kind.from_address(addr), dtype=np.float32).reshape(rows, -1)
+        view = self._views.get((addr, rows))
+        if view is None:
+            if len(self._views) >= MAX_VIEWS:
+                self._views.clear()
+            kind = ctypes.c_float * (rows * self.n_vocab)
+            view = np.frombuffer(kind.from_address(addr), dtype=np.float32)
+            view = self._views[(addr, rows)] = view.reshape(rows, self.n_vocab)
         return view.copy() if copy else view
 
     def prefill(self, tokens: list[int], seqs) -> np.ndarray:
