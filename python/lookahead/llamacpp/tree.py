@@ -40,6 +40,8 @@ def branches(parents) -> tuple[list[int], list[int]]:
 def tree_batch(tokens, parents, n_past: int, n_seqs: int):
     """(tokens, positions, seqs) of the forward that verifies the tree (the root in every
     branch's sequence), or ValueError if it has more branches than `n_seqs`."""
+    if len(tokens) == 1:  # the root alone (most steps): no walk
+        return [int(tokens[0])], [n_past], [[0]]
     depth, leaves = branches(parents)
     if len(leaves) > n_seqs:
         raise ValueError(f"a tree of {len(leaves)} branches needs {len(leaves)} sequences, "
