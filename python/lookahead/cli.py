@@ -57,7 +57,8 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         help="with --engine llamacpp: llama.cpp's flash attention for every forward, the "
         "plain run's and the demo's llama-server too (default fastest: off or on, whichever "
         "runs a 512-token prompt and 128 forwards of 1 and 4 rows sooner on this CPU, timed at "
-        "load, about 2.5 s on the default model, on only when 3 %% sooner; off is expected to "
+        "the first load of a GGUF file, about 2.5 s on the default model, and kept for later "
+        "loads (`calibrate` times it again); on only when 3 %% sooner; off is expected to "
         "win on a Xeon, where its kernel makes each row of a verify forward cost nearly a full "
         "row at long contexts; on won most loads on an AVX512 EPYC; auto is llama.cpp's "
         "default, on: BENCHMARKS.md section 7.2)",
@@ -200,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser(
         "calibrate",
         help="measure what a verify forward of 1-33 rows costs here (kept per model, dtype, "
-        "device, CPU and threads; drafts are sized by it) and print the curve",
+        "device, CPU and threads; drafts are sized by it) and print the curve; with --engine "
+        "llamacpp also time the flash-attention choice again (both kept per GGUF file, "
+        "threads, CPU and llama.cpp build)",
     )
     _add_load_args(cal)
 

@@ -22,7 +22,6 @@ import math
 import os
 import platform
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -155,7 +154,8 @@ class CostModel:
         return cls(widths, contexts, tuple(tuple(x / 1e3 for x in row) for row in ms), key)
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (`/proc/cpuinfo`), else what the platform says."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -184,7 +184,7 @@ def cost_key(model) -> dict:
         "config": hashlib.sha256(cfg_json.encode()).hexdigest()[:16],
         "dtype": str(p.dtype).removeprefix("torch."),
         "device": device,
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_features": cpu_features(),
         "threads": torch.get_num_threads(),
         "attention": str(getattr(cfg, "_attn_implementation", None)),
@@ -192,15 +192,17 @@ def cost_key(model) -> dict:
     }
 
 
-def cost_path(key: dict) -> Path:
-    """The file a curve with this key lives in."""
+def cost_path(key: dict, kind: str = "") -> Path:
+    """The file a curve with this key lives in (`kind`: a prefix naming another timing kept
+    beside the curves, as `lookahead.llamacpp.flash` keeps its choice)."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     base = Path(key.get("model", "")).name
     name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in base)
-    return cost_dir() / f"{name[-40:].lstrip('.') or 'model'}-{digest}.json"
+    return cost_dir() / f"{kind}{name[-40:].lstrip('.') or 'model'}-{digest}.json"
 
 
-def _stderr_line(message: str) -> None:
+def stderr_line(message: str) -> None:
+    """A progress line on stderr (where there is one)."""
     if sys.stderr is not None:
         print(message, file=sys.stderr, flush=True)
 
@@ -324,48 +326,58 @@ def _read(path: Path, key: dict, progress) -> CostModel | None:
     return got
 
 
-def keep(costs: CostModel, path: Path | None = None) -> str:
-    """Write `costs` to `path` (default: its key's file) atomically; says where, or why
-    not (an unwritable folder costs the file, never the run)."""
-    path = cost_path(costs.key) if path is None else path
-    tmp = None
+def keep_json(obj: dict, path: Path) -> str:
+    """Write `obj` as JSON to `path` atomically (`lookahead.output.write_output`); says where,
+    or why not (an unwritable folder costs the file, never the run)."""
+    from lookahead.output import write_output
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".cost-", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(costs.to_json(), f, indent=1)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from others sharing the folder
-        os.replace(tmp, path)
+        write_output(path, json.dumps(obj, indent=1))
         return f"kept in {path}"
     except OSError as e:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
         return f"not kept: {e}"
 
 
+def keep(costs: CostModel, path: Path | None = None) -> str:
+    """Write `costs` to `path` (default: its key's file) atomically (`keep_json`)."""
+    return keep_json(costs.to_json(), cost_path(costs.key) if path is None else path)
+
+
+def timing_of(model) -> tuple[dict, Callable]:
+    """(key, measure) of `model`'s curve: its own (`cost_source()`, the llama.cpp engine's
+    `LlamaCppModel`), else an HF model's (`cost_key`, `measure_costs`)."""
+    own = getattr(model, "cost_source", None)
+    if callable(own):
+        return own()
+    return cost_key(model), measure_costs
+
+
 def load_or_measure(
-    model, *, refresh: bool = False, progress: Callable[[str], None] | None = _stderr_line
+    model, *, refresh: bool = False, progress: Callable[[str], None] | None = stderr_line
 ) -> CostModel:
-    """The curve kept on disk for this model, dtype, device, CPU and thread count, else one
-    measured now (a few seconds, with a progress line) and kept for later runs. A file that
+    """The curve kept on disk for this model, dtype, device, CPU and thread count (for a
+    llama.cpp model: its GGUF file, threads, CPU, llama.cpp build and flash attention;
+    `timing_of`), else one measured now (a few seconds, with a progress line) and kept for
+    later runs. A file that
     cannot be read or written, or holds an implausible curve, costs a measurement, never
     the run; a measurement that is implausible is repeated (`MEASURE_TRIES` in all), and
     the last one clipped plausible."""
-    key = cost_key(model)
+    key, measure = timing_of(model)
     path = cost_path(key)
     if not refresh:
         got = _read(path, key, progress)
         if got is not None:
             return got
     if progress:
+        what = ", ".join(str(key[k]) for k in ("dtype", "device") if k in key) or key.get("model")
         progress(
             f"lookahead: measuring what a verify forward costs on this machine "
-            f"({key['dtype']}, {key['device']}, {key['threads']} threads; once per model)..."
+            f"({what}, {key.get('threads')} threads; once per model)..."
         )
     t0 = time.perf_counter()
     for attempt in range(1, MEASURE_TRIES + 1):
-        got = CostModel.from_json(measure_costs(model).to_json())  # as a later run reads it
+        got = CostModel.from_json(measure(model).to_json())  # as a later run reads it
         why = implausible(got)
         if why is None:
             break

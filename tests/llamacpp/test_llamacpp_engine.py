@@ -371,3 +371,49 @@ def test_the_default_flash_attention_is_the_setting_measured_faster_at_load(gguf
     assert pick({"off": 1.00, "on": 1.00 - MARGIN / 2}) == "off"
     assert pick({"off": 1.00, "on": 1.40}) == "off"
     assert workload_s(0.5, {1: 0.01, 4: 0.02}) == pytest.approx(0.5 + 64 * 0.03)
+
+
+def test_timings_are_kept_for_later_loads_of_the_same_file(gguf_path, monkeypatch, tmp_path):
+    import lookahead.llamacpp.costs as llama_costs
+    from lookahead.costs import load_or_measure
+
+    monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path))
+    measured = []
+    real = llama_costs.measure_costs
+    monkeypatch.setattr(llama_costs, "measure_costs", lambda m: measured.append(m) or real(m))
+    first = LlamaCppModel(gguf_path, n_ctx=300, n_threads=2)
+    try:
+        gen = LlamaCppGenerator(first)
+        assert first.flash_choice.kept is None and len(measured) == 1
+        assert gen.cost_model is not None  # read or measured before any request
+        assert gen.cost_model.key == llama_costs.cost_key(first)
+        gen.generate(prompts(1)[0], 16)
+    finally:
+        first.close()
+    # A later load: the flash choice and the cost curve are read, nothing is timed.
+    again = LlamaCppModel(gguf_path, n_ctx=300, n_threads=2)
+    try:
+        kept = again.flash_choice
+        assert kept.kept is not None and kept.choice == first.flash_choice.choice
+        assert kept.forward_s == first.flash_choice.forward_s
+        assert LlamaCppGenerator(again).cost_model.widths[0] == 1 and len(measured) == 1
+        # `calibrate` times both again
+        retimed = LlamaCppModel(gguf_path, n_ctx=300, n_threads=2, retime=True)
+        assert retimed.flash_choice.kept is None
+        retimed.close()
+        load_or_measure(again, refresh=True, progress=None)
+        assert len(measured) == 2
+    finally:
+        again.close()
+    # Another setting, thread count or file is another key.
+    other = LlamaCppModel(gguf_path, n_ctx=300, n_threads=1, flash_attn="on")
+    try:
+        assert other.flash_choice is None
+        LlamaCppGenerator(other)
+        assert len(measured) == 3
+        assert llama_costs.cost_key(other)["flash_attn"] == "on"
+        assert llama_costs.cost_key(other)["threads"] == 1
+    finally:
+        other.close()
+    assert len(list(tmp_path.glob("flash-*.json"))) == 1
+    assert len([p for p in tmp_path.glob("*.json") if not p.name.startswith("flash-")]) == 2

@@ -100,3 +100,63 @@ def test_every_context_opened_is_closed_when_one_fails_to_open(clock):
     with pytest.raises(RuntimeError, match="no context"):
         flash.fastest(m, 8192, 512, 2)
     assert [ctx.setting for ctx in m.opened] == ["off"] and m.opened[0].closed == 1
+
+
+@pytest.fixture
+def keyed(monkeypatch, tmp_path):
+    """A stand-in's key: its threads and the timing's shape (the real one reads the GGUF
+    file and the llama.cpp build), kept in a folder of this test."""
+    monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path))
+
+    def key(model, n_ctx, n_batch, threads):
+        n_prompt, widths = flash.shape(n_ctx, n_batch)
+        return {"model": "stand-in.gguf", "threads": threads, "prompt": n_prompt,
+                "widths": list(widths), "format": flash.FLASH_FORMAT}  # fmt: skip
+
+    monkeypatch.setattr(flash, "choice_key", key)
+    return tmp_path
+
+
+def test_a_choice_is_kept_for_later_loads_and_timed_again_when_asked(clock, keyed):
+    m = StandIn(clock, {"off": 1.0e-3, "on": 0.8e-3})
+    lines: list = []
+    first = flash.load_or_time(m, 8192, 512, 2, progress=lines.append)
+    assert first.choice == "on" and first.kept is None and len(m.opened) == 2
+    (path,) = keyed.glob("flash-*.json")
+    # a later load reads it: nothing timed, the same numbers, and it says where from
+    again = flash.load_or_time(m, 8192, 512, 2, progress=lines.append)
+    assert len(m.opened) == 2 and again.kept == str(path) and lines == []
+    assert (again.choice, again.prompt_s, again.forward_s) == (
+        first.choice, first.prompt_s, first.forward_s)  # fmt: skip
+    assert f"at an earlier load, kept in {path}" in again.describe()
+    # asked to time again, or another key (threads, shape): timed, kept beside
+    m.per_row["on"] = 1.2e-3
+    assert flash.load_or_time(m, 8192, 512, 2, retime=True).choice == "off"
+    assert len(m.opened) == 4 and flash.load_or_time(m, 8192, 512, 2).choice == "off"
+    flash.load_or_time(m, 8192, 512, 1)
+    flash.load_or_time(m, 300, 512, 2)
+    assert len(m.opened) == 8 and len(list(keyed.glob("flash-*.json"))) == 3
+
+
+def test_a_damaged_or_inconsistent_choice_file_is_timed_again(clock, keyed):
+    import json
+
+    m = StandIn(clock, {"off": 1.0e-3, "on": 0.8e-3})
+    flash.load_or_time(m, 8192, 512, 2)
+    (path,) = keyed.glob("flash-*.json")
+    good = json.loads(path.read_text())
+    for bad in ("{", "[]", json.dumps({**good, "choice": "off"}),  # not what its times give
+                json.dumps({**good, "prompt_s": {"off": -1.0, "on": 1.0}}),
+                json.dumps({**good, "forward_s": {"off": {"1": 1.0}, "on": {"1": 1.0}}}),
+                "x" * (flash.MAX_FILE_BYTES + 1)):  # fmt: skip
+        path.write_text(bad)
+        lines: list = []
+        opened = len(m.opened)
+        c = flash.load_or_time(m, 8192, 512, 2, progress=lines.append)
+        assert c.kept is None and c.choice == "on" and len(m.opened) == opened + 2
+        assert len(lines) == 1 and "timing flash attention again" in lines[0], bad[:40]
+        assert json.loads(path.read_text())["choice"] == "on"  # written whole again
+    # a folder that cannot be written costs the file, not the load
+    path.unlink()
+    path.mkdir()
+    assert flash.load_or_time(m, 8192, 512, 2, progress=None).choice == "on"

@@ -48,20 +48,24 @@ def peer_problem(args) -> str | None:
     return binary_problem(path, source)
 
 
-def load(args):
-    """The `LlamaCppModel` of `args.model` (default: the default model's GGUF, fetched once)."""
+def load(args, retime: bool = False):
+    """The `LlamaCppModel` of `args.model` (default: the default model's GGUF, fetched once);
+    `retime`: its flash-attention choice timed again, not read from an earlier load's."""
     from lookahead.llamacpp.model import DEFAULT_FLASH_ATTN, LlamaCppModel
     from lookahead.models import default_gguf_path
 
     path = args.model if args.model is not None else default_gguf_path()
     fa = getattr(args, "flash_attn", None) or DEFAULT_FLASH_ATTN
-    return LlamaCppModel(path, n_threads=args.threads, flash_attn=fa)
+    return LlamaCppModel(path, n_threads=args.threads, flash_attn=fa, retime=retime)
 
 
 def describe(model) -> str:
     """`llama.cpp, SmolLM2-135M-Instruct.Q4_1.gguf, 2 threads, flash attention on (chosen by
-    timing at load)`."""
-    how = " (chosen by timing at load)" if model.flash_choice is not None else ""
+    timing at load)` (or `at an earlier load`)."""
+    c = model.flash_choice
+    how = ""
+    if c is not None:
+        how = f" (chosen by timing at {'an earlier load' if c.kept else 'load'})"
     return (
         f"llama.cpp, {model.path.name}, {model.threads} threads, flash attention "
         f"{model.flash_attn}{how}"
@@ -86,14 +90,14 @@ def generator(args):
 
 def calibrate(args) -> int:
     """`lookahead calibrate --engine llamacpp`: the flash-attention setting and the verify
-    cost by rows, measured now (the engine measures both at every start, a few seconds;
-    nothing is kept)."""
-    from lookahead.llamacpp.costs import measure_costs
+    cost by rows, measured now and kept for later loads of the same file on this machine
+    (the engine reads both from there, or measures them at a first load)."""
+    from lookahead.costs import load_or_measure
 
-    model = load(args)
-    costs = measure_costs(model)
+    model = load(args, retime=True)
+    costs = load_or_measure(model, refresh=True)
     if model.flash_choice is not None:
         print(model.flash_choice.describe())
-    print(f"verify cost by rows ({describe(model)}; measured at every start)")
+    print(f"verify cost by rows ({describe(model)})")
     print(costs.describe(128))
     return 0

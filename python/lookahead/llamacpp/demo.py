@@ -118,7 +118,7 @@ def _demo(args, prompts, gen, label, plain, server, spec, t0) -> int:
     gen.generate(warm, 4)  # warm-up
     bound = rounding_bound(plain, tree, encoded[0])
     print(
-        f"model {tree.path} loaded, start-up cost curve measured"
+        f"model {tree.path} loaded, start-up cost curve read or measured"
         + (f", llama-server ({spec}) ready" if server is not None else "")
         + f" in {time.perf_counter() - t0:.1f}s; {len(prompts)} prompts, max "
         f"{args.max_new_tokens} new tokens",

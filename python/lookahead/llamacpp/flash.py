@@ -8,16 +8,22 @@ contexts, and off is faster; on an AVX512 EPYC, on was faster in most loads (its
 the model times, in one context of each setting on the same weights, a prompt of `PROMPT`
 tokens and forwards of 1 and 4 rows after it, the two settings taking turns, and keeps the
 setting whose workload (that prompt, then `STEPS` forwards, half of each width) is sooner.
-About 2.5 s on the default model's Q4_1 file (2 threads, AVX512 EPYC); `--flash-attn off|on`
-skips it.
+About 2.5 s on the default model's Q4_1 file (2 threads, AVX512 EPYC), at the first load of a
+GGUF file: the choice is kept on disk beside the cost curves (`load_or_time`, keyed by the
+file, threads, CPU and llama.cpp build, as `lookahead.llamacpp.costs.engine_key`), and
+`lookahead calibrate --engine llamacpp` times it again; `--flash-attn off|on` skips it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from lookahead.costs import stderr_line
 
 # The workload a setting is judged by: a prompt of PROMPT tokens, then STEPS forwards after it,
 # as many of each width in WIDTHS (plain decoding's one row, a typical verify's 4). The shape of
@@ -31,6 +37,11 @@ REPS = 4
 # "on" only when its workload is this much sooner: where the two settings are this close, the
 # choice stays off rather than flip between runs (outputs can fork between settings).
 MARGIN = 0.03
+# Bump when the timing or its file changes meaning: a choice kept in another format is timed
+# again.
+FLASH_FORMAT = 1
+# The longest choice file read (ours are about 1 KB).
+MAX_FILE_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,7 @@ class FlashChoice:
     prompt_s: dict  # setting -> seconds of the prompt's forwards
     forward_s: dict  # setting -> {width: seconds of one forward of that many rows}
     probe_s: float = 0.0  # seconds the timing took, its contexts made and freed included
+    kept: str | None = None  # the file it was read from (timed at an earlier load), or None
 
     def workload_s(self, setting: str) -> float:
         """Seconds of the workload (`STEPS` forwards after the prompt) in `setting`."""
@@ -62,6 +74,7 @@ class FlashChoice:
             f"flash attention {self.choice}, chosen by timing at load: a "
             f"{self.prompt_tokens}-token prompt and {STEPS} forwards of {widths} rows {totals} "
             f"(prompt {prompts} s; forwards {rows} ms); timed in {self.probe_s:.1f} s"
+            + (f" at an earlier load, kept in {self.kept}" if self.kept else "")
         )
 
 
@@ -76,16 +89,22 @@ def pick(seconds: dict, margin: float = MARGIN) -> str:
     return "on" if seconds["on"] < (1.0 - margin) * seconds["off"] else "off"
 
 
+def shape(n_ctx: int, n_batch: int) -> tuple[int, tuple]:
+    """(prompt tokens, widths) of the timing in a context of `n_ctx` tokens whose forwards
+    take `n_batch` rows at most."""
+    widths = tuple(w for w in WIDTHS if w <= n_batch)
+    return max(1, min(PROMPT, n_ctx - max(widths) - 1)), widths
+
+
 def fastest(model, n_ctx: int, n_batch: int, threads: int, reps: int = REPS) -> FlashChoice:
     """Times the workload in two one-sequence contexts on `model`'s weights (`sibling`), one
     per setting, freed before it returns: the prompt (as long as `n_ctx` allows, up to
     `PROMPT` tokens) a graph (`n_ubatch` tokens) at a time, then `reps` forwards of
     each width after it, the settings alternating at every graph and forward, in an order
     that turns each time, so that the VM's drift hits both alike."""
-    widths = tuple(w for w in WIDTHS if w <= n_batch)  # a forward takes n_batch rows at most
+    n_prompt, widths = shape(n_ctx, n_batch)
     width = max(widths)
     t_start = time.perf_counter()
-    n_prompt = max(1, min(PROMPT, n_ctx - width - 1))
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, model.n_vocab, size=n_prompt).tolist()
     prompt_s: dict = {s: 0.0 for s in SETTINGS}
@@ -131,3 +150,65 @@ def fastest(model, n_ctx: int, n_batch: int, threads: int, reps: int = REPS) -> 
     med = {s: {w: float(np.median(v)) for w, v in d.items()} for s, d in forward_s.items()}
     choice = pick({s: workload_s(prompt_s[s], med[s]) for s in SETTINGS})
     return FlashChoice(choice, n_prompt, prompt_s, med, time.perf_counter() - t_start)
+
+
+def choice_key(model, n_ctx: int, n_batch: int, threads: int) -> dict:
+    """What a choice depends on: `lookahead.llamacpp.costs.engine_key` and the timing's
+    shape."""
+    from lookahead.llamacpp.costs import engine_key
+
+    n_prompt, widths = shape(n_ctx, n_batch)
+    return {**engine_key(model, threads), "timing": "flash attention", "prompt": n_prompt,
+            "widths": list(widths), "format": FLASH_FORMAT}  # fmt: skip
+
+
+def _seconds(v) -> float:
+    """`v` as a positive finite number of seconds, else ValueError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+        raise ValueError(f"not a time in seconds: {v!r}")
+    return float(v)
+
+
+def from_json(d, key: dict, path) -> FlashChoice:
+    """The choice a file holds for `key`, or ValueError: another key, a malformed file, or a
+    choice its own times do not give."""
+    if not isinstance(d, dict) or d.get("key") != key:
+        raise ValueError("kept for another file, machine or build")
+    widths = key["widths"]
+    prompt_s = {s: _seconds(d["prompt_s"][s]) for s in SETTINGS}
+    forward_s = {s: {w: _seconds(d["forward_s"][s][str(w)]) for w in widths} for s in SETTINGS}
+    if len(d["forward_s"][SETTINGS[0]]) != len(widths):
+        raise ValueError("other widths")
+    choice = pick({s: workload_s(prompt_s[s], forward_s[s]) for s in SETTINGS})
+    if d.get("choice") != choice or d.get("prompt_tokens") != key["prompt"]:
+        raise ValueError(f"its choice {d.get('choice')!r} is not what its times give")
+    probe = d.get("probe_s", 0.0)
+    probe = _seconds(probe) if probe else 0.0
+    return FlashChoice(choice, key["prompt"], prompt_s, forward_s, probe, str(path))
+
+
+def load_or_time(model, n_ctx: int, n_batch: int, threads: int, retime: bool = False,
+                 progress=stderr_line) -> FlashChoice:  # fmt: skip
+    """The choice kept on disk for this GGUF file, threads, CPU and llama.cpp build
+    (`choice_key`), else (or with `retime`) one timed now (`fastest`) and kept for later
+    loads. A file that cannot be read or written, or holds a choice its own times do not
+    give, costs a timing (said in one line; a damaged file, `UserInputError`, is a
+    ValueError), never the load."""
+    from lookahead.costs import cost_path, keep_json
+    from lookahead.user_input import read_json_file
+
+    key = choice_key(model, n_ctx, n_batch, threads)
+    path = cost_path(key, "flash-")
+    if not retime:
+        try:
+            return from_json(
+                read_json_file(path, MAX_FILE_BYTES, "flash-attention file"), key, path
+            )
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            if progress:
+                progress(f"lookahead: timing flash attention again ({path} unusable: {e})")
+    got = fastest(model, n_ctx, n_batch, threads)
+    keep_json({"key": key, **dataclasses.asdict(got)}, path)
+    return got

@@ -124,9 +124,11 @@ class LlamaCppGenerator:
     whose history every request of this generator shares under `namespace` (default: the
     GGUF file's name); the sizing as the HF engine reads it (`lookahead.sizing.sizer_from`):
     `sizer`, or the fixed policy's `budget` / `max_budget` / `min_draft_score`, else a
-    `CostAwareSizer` whose start-up curve `lookahead.llamacpp.costs.measure_costs` times on
-    this model (about a second; `cost_model` gives one instead); `multi_branch` False
-    drafts one chain."""
+    `CostAwareSizer` whose start-up curve is the one kept for this GGUF file, machine and
+    context (`lookahead.costs.load_or_measure`), timed by
+    `lookahead.llamacpp.costs.measure_costs` at the first load (about a second) and
+    corrected by every later run (`cost_model` gives one instead, kept nowhere); `multi_branch`
+    False drafts one chain. The start-up curve is read or measured here, before any request."""
 
     def __init__(
         self,
@@ -150,12 +152,8 @@ class LlamaCppGenerator:
             self.model = LlamaCppModel(
                 model, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=DEFAULT_SEQS
             )
-        shorthands = (budget, max_budget, min_draft_score) != (None, None, None)
-        if sizer is None and not shorthands and cost_model is UNSET:
-            from lookahead.llamacpp.costs import measure_costs
-
-            cost_model = measure_costs(self.model)
         self.sizer = sizer_from(sizer, budget, max_budget, min_draft_score, cost_model)
+        self.sizer.start(self.model)
         if cache is None:
             cache = LookaheadCache() if depth is None else LookaheadCache(max_depth=depth)
         self.cache = cache

@@ -30,8 +30,7 @@ DEFAULT_BATCH = 512
 # stay in the caches. Measured (`llama-bench -fa 0 -b 2048 -ub 32,64,128,192,512 -p 768`,
 # Q4_1 default model, 2 threads, Xeon): 263, 282, 276, 273, 255 tok/s.
 DEFAULT_UBATCH = 128
-# Arrays over llama.cpp's logits kept at most (`LlamaCppModel._logits`: one per address and
-# row count); past it they are made again.
+# Arrays over llama.cpp's logits kept at most (`LlamaCppModel._logits`), then made again.
 MAX_VIEWS = 64
 # llama.cpp's flash attention, by the name llama-server's `--flash-attn` takes; "fastest" is
 # ours: whichever of off and on runs `lookahead.llamacpp.flash`'s workload sooner here.
@@ -134,9 +133,9 @@ class LlamaCppModel:
     `n_seq_max`: KV sequences, so the widest tree verified has at most `n_seq_max` branches;
     `flash_attn`: llama.cpp's flash attention, "fastest" (default, `DEFAULT_FLASH_ATTN`: off
     or on, whichever `lookahead.llamacpp.flash.fastest` measures faster here, about 2.5 s at
-    load on the default model; `flash_choice` keeps what it measured), "off", "on" or "auto"
-    (llama.cpp's choice: on where the backend has it). `flash_attn` is then the setting the
-    context has."""
+    a GGUF file's first load on the default model, kept for later loads, `retime` times it
+    again: `flash.load_or_time`; `flash_choice` says what was measured), "off", "on" or
+    "auto" (llama.cpp's: on where the backend has it); then the setting the context has."""
 
     def __init__(
         self,
@@ -147,6 +146,7 @@ class LlamaCppModel:
         n_batch: int = DEFAULT_BATCH,
         verbose: bool = False,
         flash_attn: str = DEFAULT_FLASH_ATTN,
+        retime: bool = False,
     ):
         if not isinstance(flash_attn, str) or flash_attn not in FLASH_ATTN:
             names = ", ".join(FLASH_ATTN)
@@ -174,10 +174,10 @@ class LlamaCppModel:
         self._views: dict = {}  # (logits address, rows) -> array over it (`_logits`)
         self.flash_choice = None
         if flash_attn == "fastest":
-            from lookahead.llamacpp.flash import fastest
+            from lookahead.llamacpp.flash import load_or_time
 
             try:
-                self.flash_choice = fastest(self, n_ctx, int(n_batch), threads)
+                self.flash_choice = load_or_time(self, n_ctx, int(n_batch), threads, retime)
             except Exception:
                 self.close()
                 raise
@@ -226,6 +226,12 @@ class LlamaCppModel:
         other.flash_choice = None
         other._open_context(n_ctx, n_seq_max, n_batch, threads, flash_attn)
         return other
+
+    def cost_source(self) -> tuple:
+        """(key, measure) of this context's cost curve (`lookahead.costs.timing_of`)."""
+        from lookahead.llamacpp.costs import cost_key, measure_costs
+
+        return cost_key(self), measure_costs
 
     def close(self) -> None:
         """Frees the context and the model, or only the context of a `sibling` (also at
@@ -354,12 +360,10 @@ class LlamaCppModel:
         return self._logits(rows, copy)
 
     def _logits(self, rows: int, copy: bool = True) -> np.ndarray:
-        """The last forward's `rows` rows of logits, copied or not. The array over
-        llama.cpp's buffer is made once per (address, rows) and kept: making one
-        (`np.ctypeslib.as_array`, or a ctypes array type and `np.frombuffer`) cost 30-60 us a
-        step right after a forward, measured, against ~10 us for the address alone. A
-        buffer llama.cpp moves has a new address, and `rows` never exceeds the outputs of
-        the forward just run, so a kept array never reads past the buffer."""
+        """The last forward's `rows` rows of logits, copied or not, through an array made
+        once per (buffer address, rows): making one cost 30-60 us a step right after a
+        forward (measured). A moved buffer has a new address, and `rows` never exceeds the
+        last forward's outputs, so a kept array never reads past its buffer."""
         if rows == 0:  # a prompt chunk before the last
             return np.empty((rows, self.n_vocab), dtype=np.float32)
         addr = ctypes.cast(self.ll.llama_get_logits(self.ctx), ctypes.c_void_p).value
@@ -391,9 +395,6 @@ class LlamaCppModel:
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
         self.ll.llama_memory_seq_rm(self.mem, seq, p0, p1)
-
-    def seq_keep(self, seq: int) -> None:
-        self.ll.llama_memory_seq_keep(self.mem, seq)
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         self.ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
