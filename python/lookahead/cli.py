@@ -360,7 +360,7 @@ def main(argv: list | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
-            if args.threads is not None:
+            if args.threads is not None and args.engine != "llamacpp":  # llama.cpp's own
                 import torch
 
                 torch.set_num_threads(args.threads)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from lookahead import cli
@@ -24,7 +27,7 @@ def test_generate_streams_the_text_and_reports_the_steps(gguf, capsys):
     assert cli.main(argv) == 0
     out, err = capsys.readouterr()
     assert out.strip() and "12 tokens in" in err and "llama.cpp, text.gguf" in err
-    assert "FixedSizer" in err and "(chosen by timing at load)" in err  # flash: the default
+    assert "FixedSizer" in err and "(chosen by timing at " in err  # flash: the default
     assert cli.main([*argv, "--flash-attn", "on"]) == 0
     err = capsys.readouterr().err
     assert "flash attention on" in err and "measured" not in err
@@ -62,6 +65,42 @@ def test_calibrate_prints_the_measured_curve(gguf, capsys):
     assert cli.main(["calibrate", "--engine", "llamacpp", "--model", gguf]) == 0
     out = capsys.readouterr().out
     assert "W=1" in out and "-token prompt and 128 forwards of 1 and 4 rows" in out
+    assert "earlier load" not in out  # timed again, whatever was kept
+
+
+# What the `llamacpp` extra installs without the `hf` one: no torch, transformers or gguf.
+NOT_IN_THE_LLAMACPP_EXTRA = ("torch", "transformers", "gguf", "accelerate", "triton")
+
+
+def _cli_without_hf(argv: list, tmp_path) -> subprocess.CompletedProcess:
+    """`lookahead ARGV` in a Python where the `hf` extra's packages cannot be imported."""
+    code = (
+        "import sys, runpy\n"
+        f"for m in {NOT_IN_THE_LLAMACPP_EXTRA!r}:\n    sys.modules[m] = None\n"
+        f"sys.argv = ['lookahead', *{argv!r}]\n"
+        "runpy.run_module('lookahead.cli', run_name='__main__')\n"
+    )
+    env = {**os.environ, "LOOKAHEAD_COST_DIR": str(tmp_path)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)  # fmt: skip
+
+
+def test_greedy_decoding_and_the_demo_need_no_torch(gguf, tmp_path):
+    argv = ["generate", "--engine", "llamacpp", "--model", gguf, "--threads", "2",
+            "--prompt", "abc abc abc", "--max-new-tokens", "12"]  # fmt: skip
+    got = _cli_without_hf(argv, tmp_path)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "12 tokens in" in got.stderr and "CostAwareSizer" in got.stderr
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "abc abc abc abc"}\n')
+    demo = ["demo", "--engine", "llamacpp", "--model", gguf, "--threads", "2",
+            "--prompts", str(prompts), "--max-new-tokens", "8"]  # fmt: skip
+    got = _cli_without_hf(demo, tmp_path)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "overall" in got.stdout
+    # sampling runs lookahead.kernels' exact tree sampler: torch, asked for by name
+    got = _cli_without_hf([*argv, "--sample"], tmp_path)
+    assert got.returncode == 1 and "sampling on the llama.cpp engine needs torch" in got.stderr
 
 
 @pytest.mark.parametrize(

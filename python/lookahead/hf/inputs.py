@@ -4,12 +4,12 @@ settings (as HF `generate` reads them), the model's context, and the id sets tha
 from __future__ import annotations
 
 import operator
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from lookahead.args import is_bool, is_int
 from lookahead.errors import InvalidInput
@@ -140,8 +140,10 @@ def encode(tokenizer, vocab: int, prompt, chat: bool = False) -> list:
 
 
 def token_ids(prompt, vocab: int) -> list:
-    """Checked ids from a 1-D (or batch-1 2-D) tensor, array or iterable of ints."""
-    if isinstance(prompt, torch.Tensor):
+    """Checked ids from a 1-D (or batch-1 2-D) tensor, array or iterable of ints. (A tensor
+    exists only where torch was imported: the llama.cpp engine checks ids without it.)"""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(prompt, torch.Tensor):
         if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
             raise ValueError(f"token ids must be integers, got dtype {prompt.dtype}")
         a = prompt.detach().cpu().numpy()

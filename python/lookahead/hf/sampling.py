@@ -3,16 +3,21 @@
 Each node `i` of a draft tree predicts the token after the context `verified tokens + path from
 the root to i`. Repetition penalty therefore uses, per node, the verified context plus the
 node's draft ancestors (and the node itself); temperature, top-k and top-p are per row.
+torch is imported by the functions that use it: the settings (`SamplingConfig`) are the llama.cpp
+engine's too, which decodes greedily without torch (the `llamacpp` extra does not install it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from lookahead.args import is_bool, is_int
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ def apply_repetition_penalty(
     tokens [W] int64: draft tokens; ancestors [W, W] bool: ancestor-or-self mask. A penalised
     logit x becomes x / penalty if x > 0, else x * penalty.
     """
+    import torch
+
     w = logits.shape[0]
     present = seen.unsqueeze(0).expand(w, -1).clone()
     # Node 0 is the root, already in `seen`; the others add their path (self included).
@@ -75,6 +82,8 @@ def apply_repetition_penalty(
 
 def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Temperature, then top-k, then top-p, as HF's warpers (removed entries get -inf)."""
+    import torch
+
     if cfg.temperature != 1.0:
         logits = logits / cfg.temperature
     vocab = logits.shape[-1]

@@ -7,33 +7,56 @@ Sampling is the HF engine's sampler on the same terms: each row's logits warped 
 carrying the draw accepted), with uniform `i` of the seeded stream `hf.acceptance.Uniforms`
 serving output token `i`;
 so a seed gives the same output whatever the trees were, and plain sampled decoding is the
-root-only case of the same code.
+root-only case of the same code. Sampling therefore needs torch, which the `llamacpp` extra
+does not install (a 2 GB CUDA build from PyPI); greedy decoding runs without it.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from lookahead import kernels
-from lookahead.hf.acceptance import Uniforms
-from lookahead.hf.sampling import SamplingConfig, warp
+from lookahead.errors import InvalidInput
+from lookahead.hf.sampling import SamplingConfig
 from lookahead.llamacpp.tree import argmax_rows, greedy_path
+
+
+def _torch_for_sampling():
+    """torch, or a clear error naming what to install."""
+    try:
+        import torch
+    except ImportError as e:
+        raise InvalidInput(
+            "sampling on the llama.cpp engine needs torch (its exact tree sampler is "
+            "lookahead.kernels'): pip install 'lookahead-spec[hf]', or decode greedily "
+            f"({e})"
+        ) from None
+    return torch
 
 
 class Verifier:
     """Verifies each step's tree for one request under `cfg` (repetition penalty: not in
-    this engine, refused by the generator); `seed` None draws a fresh one."""
+    this engine, refused by the generator); `seed` None draws a fresh one. Sampling needs
+    torch: without it, InvalidInput here, before any forward."""
 
     def __init__(self, cfg: SamplingConfig, seed: int | None = None):
         self.cfg = cfg
-        self.uniforms = Uniforms(None if seed is None else int(seed)) if cfg.do_sample else None
+        self.uniforms = None
+        if cfg.do_sample:
+            _torch_for_sampling()
+            from lookahead.hf.acceptance import Uniforms
+
+            self.uniforms = Uniforms(None if seed is None else int(seed))
 
     def __call__(self, logits: np.ndarray, tokens, parents, depth, done: int):
         """(path, bonus) for the tree (`tokens`, `parents`, each node's `depth`) from its
         forward's `logits` [n, V], with `done` tokens output before this step."""
         if not self.cfg.do_sample:
             return greedy_path(tokens, parents, argmax_rows(logits))
+        import torch
+
+        from lookahead import kernels
+        from lookahead.hf.sampling import warp
+
         n = len(tokens)
         probs = warp(torch.from_numpy(logits).float(), self.cfg).softmax(dim=-1)
         at = done + torch.tensor(depth, dtype=torch.long)
