@@ -1,0 +1,81 @@
+"""Where the llama.cpp engine's host time goes between forwards, per step.
+
+    python -m research.llamacpp_host_split [--quant q4_1] [--categories mt_bench,qa,math_reasoning]
+
+Wraps the calls of one decoding step (the cache's draft and extend, the sizer's cut and
+observe and their parts, the tree batch, the KV bookkeeping, stop checks, `model.decode` and
+the `llama_decode` inside it) in a timer and prints each one's microseconds per step over
+Spec-Bench prompts of the given categories (3 each; greedy, 128 new tokens, flash attention
+on). The timer costs well under a microsecond a call. Right after a forward the CPU's caches
+hold the model's weights, so each call here costs several times what it does in a loop of its
+own: this is the cost a step pays. `model.decode` less `llama_decode` is the Python side of a
+forward (the batch filled, the logits' array); its prompt chunks count in too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+from benchmarks.llamacpp import gguf_of
+from benchmarks.traces import DEFAULT_QUESTIONS, select_questions
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m research.llamacpp_host_split")
+    p.add_argument("--quant", default="q4_1")
+    p.add_argument("--categories", default="mt_bench,qa,math_reasoning")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    import lookahead.llamacpp.generator as G
+    from lookahead.cache import LookaheadCache
+    from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel
+
+    cats = args.categories.split(",")
+    qs = [q for q in select_questions(str(DEFAULT_QUESTIONS), 3) if q["category"] in cats]
+    m = LlamaCppModel(gguf_of(args.quant), 4096, args.threads, flash_attn="on")
+    gen = LlamaCppGenerator(m)
+    ids = [m.encode(q["turns"][0], chat=True) for q in qs]
+    gen.generate(ids[0], 8)
+    gen.cache = LookaheadCache()  # a fresh history: the warm-up's output drafts nothing
+    seconds: dict = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+
+    def wrap(obj, name: str, label: str) -> None:
+        f = getattr(obj, name)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                seconds[label] += time.perf_counter() - t
+                calls[label] += 1
+
+        setattr(obj, name, timed)
+
+    for name in ("draft", "extend"):
+        wrap(gen.cache, name, f"cache.{name}")
+    for name in ("cut", "observe"):
+        wrap(gen.sizer, name, f"sizer.{name}")
+    wrap(gen.sizer.calibration[False], "expected", "  calibration.expected")
+    wrap(gen.sizer.learned, "curve", "  learned.curve")
+    wrap(gen.sizer.learned, "observe", "  learned.observe")
+    wrap(m, "decode", "model.decode")
+    wrap(m.ll, "llama_decode", "  llama_decode")
+    for name in ("propose", "find_cut", "tree_batch", "_fit_branches", "Step"):
+        wrap(G, name, name)
+    wrap(G.SequenceBook, "ready", "book.ready")
+    wrap(G.SequenceBook, "keep", "book.keep")
+    steps = 0
+    for x in ids:
+        steps += gen.generate(x, 128).stats.steps
+    print(f"# {args.quant}, {len(ids)} prompts ({args.categories}), {steps} steps; us per step")
+    for k in sorted(seconds, key=lambda k: -seconds[k]):
+        print(f"{k:24s} {1e6 * seconds[k] / steps:9.1f}   calls/step {calls[k] / steps:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
