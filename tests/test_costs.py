@@ -235,6 +235,22 @@ def test_unwritable_cost_folder_still_gives_a_curve(monkeypatch, tmp_path):
     assert m.widths == costs.WIDTHS and "not kept" in lines[-1]
 
 
+def test_a_kept_file_replaces_whatever_was_at_its_path(tmp_path):
+    import os
+    import stat
+    import time
+
+    curve = CostModel.from_rows({1: 0.01, 2: 0.015}, key={"model": "m"})
+    fifo = tmp_path / "m.json"
+    os.mkfifo(fifo)  # a FIFO (or a link) there is replaced, not written through or waited on
+    t = time.perf_counter()
+    assert costs.keep(curve, fifo) == f"kept in {fifo}"
+    assert time.perf_counter() - t < 2.0 and stat.S_ISREG(fifo.lstat().st_mode)
+    assert stat.S_IMODE(fifo.stat().st_mode) == 0o644
+    assert CostModel.from_json(json.loads(fifo.read_text())) == curve
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]  # no temporary file left
+
+
 def test_refresh_measures_again(monkeypatch, tmp_path):
     monkeypatch.setenv("LOOKAHEAD_COST_DIR", str(tmp_path))
     model = tiny_model("llama")

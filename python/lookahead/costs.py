@@ -327,13 +327,14 @@ def _read(path: Path, key: dict, progress) -> CostModel | None:
 
 
 def keep_json(obj: dict, path: Path) -> str:
-    """Write `obj` as JSON to `path` atomically (`lookahead.output.write_output`); says where,
-    or why not (an unwritable folder costs the file, never the run)."""
-    from lookahead.output import write_output
+    """Write `obj` as JSON to `path` atomically (`lookahead.output.replace_file`, mode 0644 so
+    that others sharing the folder can read it); says where, or why not (an unwritable folder
+    costs the file, never the run)."""
+    from lookahead.output import replace_file
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_output(path, json.dumps(obj, indent=1))
+        replace_file(path, json.dumps(obj, indent=1))
         return f"kept in {path}"
     except OSError as e:
         return f"not kept: {e}"
@@ -359,10 +360,9 @@ def load_or_measure(
     """The curve kept on disk for this model, dtype, device, CPU and thread count (for a
     llama.cpp model: its GGUF file, threads, CPU, llama.cpp build and flash attention;
     `timing_of`), else one measured now (a few seconds, with a progress line) and kept for
-    later runs. A file that
-    cannot be read or written, or holds an implausible curve, costs a measurement, never
-    the run; a measurement that is implausible is repeated (`MEASURE_TRIES` in all), and
-    the last one clipped plausible."""
+    later runs. A file that cannot be read or written, or holds an implausible curve, costs
+    a measurement, never the run; a measurement that is implausible is repeated
+    (`MEASURE_TRIES` in all), and the last one clipped plausible."""
     key, measure = timing_of(model)
     path = cost_path(key)
     if not refresh:

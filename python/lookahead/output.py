@@ -128,13 +128,19 @@ def write_output(path: str | os.PathLike, text: str) -> None:
         with os.fdopen(_open_special(real), "w") as f:
             f.write(text)
         return
-    mode = real.stat().st_mode & 0o777 if real.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+    replace_file(real, text, real.stat().st_mode & 0o777 if real.exists() else 0o644)
+
+
+def replace_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """`text` written to a temporary file in `path`'s folder, given `mode` (mkstemp makes it
+    private; ours are ordinary files), and renamed over `path`: a reader sees the old file or
+    the new one, whole; a failed write leaves no temporary file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, mode)  # mkstemp makes it private; results are ordinary files
-        os.replace(tmp, real)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
