@@ -32,9 +32,9 @@ def _file_id(path: str, size: int, mtime_ns: int) -> str:
 
 
 def engine_key(model, threads: int) -> dict:
-    """What any timing of `model` (a `LlamaCppModel`) with `threads` threads depends on: the GGUF file (its
-    name, size and first bytes), the CPU (name, vector features) and the llama.cpp build
-    (llama-cpp-python's version and what libllama says of the CPU)."""
+    """What any timing of `model` (a `LlamaCppModel`) with `threads` threads depends on: the
+    GGUF file (its name, size and first bytes), the CPU (name, vector features) and the
+    llama.cpp build (llama-cpp-python's version and what libllama says of the CPU)."""
     import llama_cpp
 
     from lookahead.models import cpu_features
@@ -78,4 +78,5 @@ def measure_costs(model, widths=WIDTHS, context: int = 128, reps: int = 5) -> Co
             if r:
                 times[w].append(dt)
     model.reset()
-    return CostModel.from_rows({w: float(np.median(times[w])) for w in widths}, key=cost_key(model))
+    medians = {w: float(np.median(times[w])) for w in widths}
+    return CostModel.from_rows(medians, key=cost_key(model))

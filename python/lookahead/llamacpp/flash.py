@@ -177,7 +177,7 @@ def from_json(d, key: dict, path) -> FlashChoice:
     widths = key["widths"]
     prompt_s = {s: _seconds(d["prompt_s"][s]) for s in SETTINGS}
     forward_s = {s: {w: _seconds(d["forward_s"][s][str(w)]) for w in widths} for s in SETTINGS}
-    if len(d["forward_s"][SETTINGS[0]]) != len(widths):
+    if any(len(d["forward_s"][s]) != len(widths) for s in SETTINGS):
         raise ValueError("other widths")
     choice = pick({s: workload_s(prompt_s[s], forward_s[s]) for s in SETTINGS})
     if d.get("choice") != choice or d.get("prompt_tokens") != key["prompt"]:

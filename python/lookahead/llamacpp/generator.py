@@ -237,11 +237,12 @@ class LlamaCppGenerator:
                     on_tokens(out[start:], delta)
                     caller_s = time.perf_counter() - tc
                 t0 = time.perf_counter()
-                st.other_s += t0 - te - caller_s
+                emit_s = t0 - te - caller_s
+                st.other_s += emit_s
                 if cut is not None:
                     break
                 # The host's time between the last forward and this one, outside the stages.
-                between = learn_s + (t0 - te - caller_s)
+                between = learn_s + emit_s
                 p = propose(
                     self.cache,
                     rid,

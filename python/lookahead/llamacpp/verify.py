@@ -20,17 +20,16 @@ from lookahead.hf.sampling import SamplingConfig
 from lookahead.llamacpp.tree import argmax_rows, greedy_path
 
 
-def _torch_for_sampling():
-    """torch, or a clear error naming what to install."""
+def _check_torch_for_sampling() -> None:
+    """InvalidInput naming what to install, unless torch can be imported."""
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError as e:
         raise InvalidInput(
             "sampling on the llama.cpp engine needs torch (its exact tree sampler is "
             "lookahead.kernels'): pip install 'lookahead-spec[hf]', or decode greedily "
             f"({e})"
         ) from None
-    return torch
 
 
 class Verifier:
@@ -42,7 +41,7 @@ class Verifier:
         self.cfg = cfg
         self.uniforms = None
         if cfg.do_sample:
-            _torch_for_sampling()
+            _check_torch_for_sampling()
             from lookahead.hf.acceptance import Uniforms
 
             self.uniforms = Uniforms(None if seed is None else int(seed))
