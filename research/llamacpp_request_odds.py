@@ -1,0 +1,160 @@
+"""Would a per-request correction of the acceptance chances make the llama.cpp engine faster?
+
+    python -m research.llamacpp_request_odds [--quant q4_0] [--flash-attn on] [--per-category 3]
+
+The sizer reads each node's chance from one table (`lookahead.calibration`) that every request
+teaches, and on Spec-Bench its expected accepted lengths were off by 0.85-1.18x per category
+(`llamacpp_sizer_check.py`). The correction tried here: each request fits a factor on the
+table's odds to its own outcomes (a logistic regression with the table's log-odds as offset,
+one Newton step per verify step, from a prior of 1 worth `PRIOR` of Fisher information, held
+within exp(+-`MAX_LOG_ODDS`), reset between requests), and the sizer cuts by the corrected
+chances. Three generators on one model, run back to back per prompt in a rotated order: `odds`
+(trees, corrected), `table` (trees, the table alone: today's engine), plain in-process
+decoding. Then, for `odds`, every node outcome the sizer learnt from (children of accepted
+nodes, greedy), scored by the table's chance and by the corrected one: log loss, and expected
+against followed, per category. Greedy, 128 new tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import statistics
+
+from benchmarks.llamacpp import gguf_of
+from benchmarks.traces import DEFAULT_QUESTIONS, select_questions
+
+PRIOR = 4.0
+MAX_LOG_ODDS = 2.0
+
+
+def scaled(c: float, f: float) -> float:
+    """Chance `c` with its odds times `f`."""
+    return c * f / (1.0 - c + c * f)
+
+
+class RequestOdds:
+    """One request's factor on the table's odds, fit online (see the module's docstring)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.log_odds, self.odds, self.info = 0.0, 1.0, PRIOR
+
+    def observe(self, chances, followed) -> None:
+        grad = info = 0.0
+        for c, y in zip(chances, followed):
+            q = scaled(c, self.odds)
+            grad += y - q
+            info += q * (1.0 - q)
+        self.info += info
+        self.log_odds = min(max(self.log_odds + grad / self.info, -MAX_LOG_ODDS), MAX_LOG_ODDS)
+        self.odds = math.exp(self.log_odds)
+
+
+def correct(gen, log: list, where: dict) -> None:
+    """Makes `gen`'s greedy sizer cut by the request's corrected chances, and logs
+    (category, table chance, corrected chance, followed) for every node outcome it learns."""
+    from lookahead.calibration import AcceptanceCalibration, outcomes
+
+    sizer, odds = gen.sizer, RequestOdds()
+    cal = sizer.calibration[False]
+    rows_of = AcceptanceCalibration._rows
+
+    def corrected_rows():
+        rows = rows_of(cal)
+        f = odds.odds
+        return rows if f == 1.0 else [[scaled(c, f) for c in r] for r in rows]
+
+    def observe(step):
+        if step.drafted is not None and not step.sampled:
+            tokens, parents, scores, matched = step.drafted
+            nodes, followed = outcomes(tokens, parents, step.path, step.emitted)
+            sc, par = scores.tolist(), parents.tolist()
+            cond = [sc[j] / sc[par[j]] if sc[par[j]] > 0 else 0.0 for j in nodes]
+            chances = cal.predict(cond, [int(matched[j]) for j in nodes]).tolist()
+            for c, y in zip(chances, followed):
+                log.append((where["category"], c, scaled(c, odds.odds), y))
+            odds.observe(chances, followed)
+        return sizer_observe(step)
+
+    def finish():
+        odds.reset()
+        sizer_finish()
+
+    sizer_observe, sizer_finish = sizer.observe, sizer.finish
+    cal._rows = corrected_rows
+    sizer.observe, sizer.finish = observe, finish
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m research.llamacpp_request_odds")
+    p.add_argument("--quant", default="q4_0")
+    p.add_argument("--flash-attn", default="on", choices=("off", "on", "auto"))
+    p.add_argument("--per-category", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, plain_generate
+
+    qs = select_questions(str(DEFAULT_QUESTIONS), args.per_category)
+    path = gguf_of(args.quant)
+    m = LlamaCppModel(path, 4096, args.threads, flash_attn=args.flash_attn)
+    pm = LlamaCppModel(path, 4096, args.threads, n_seq_max=1, flash_attn=args.flash_attn)
+    costs = LlamaCppGenerator(m).cost_model
+    gens = {k: LlamaCppGenerator(m, cost_model=costs) for k in ("odds", "table")}
+    log: list = []
+    where = {"category": "(warm-up)"}
+    correct(gens["odds"], log, where)
+    ids = [m.encode(q["turns"][0], chat=True) for q in qs]
+    for g in gens.values():
+        g.generate(m.encode("Say hello.", chat=True), 8)
+    methods = [*gens, "plain"]
+    tps = {k: [] for k in methods}
+    for i, (q, x) in enumerate(zip(qs, ids)):
+        where["category"] = q["category"]
+        for k in methods[i % 3 :] + methods[: i % 3]:
+            if k == "plain":
+                t: dict = {}
+                toks = plain_generate(pm, x, 128, times=t)
+                tps[k].append((len(toks) - 1) / (t["total_s"] - t["prefill_s"]))
+            else:
+                r = gens[k].generate(x, 128)
+                tps[k].append((len(r.ids) - 1) / (r.stats.total_s - r.stats.prefill_s))
+        print(q["category"], "  ".join(f"{k} {tps[k][-1]:.1f}" for k in methods), flush=True)
+    print(f"# {args.quant}, flash attention {args.flash_attn}, {len(qs)} prompts")
+    for k in methods:
+        ratio = statistics.median(a / b for a, b in zip(tps[k], tps["plain"]))
+        print(f"{k:6s} {statistics.fmean(tps[k]):7.1f} tok/s  {ratio:.3f}x median vs plain")
+    ratios = [a / b for a, b in zip(tps["odds"], tps["table"])]
+    print(f"odds / table: median per-prompt ratio {statistics.median(ratios):.3f}, "
+          f"{sum(r > 1 for r in ratios)}/{len(ratios)} prompts faster")  # fmt: skip
+    print(
+        "node outcomes the odds sizer learnt from: log loss and expected / followed, table | odds"
+    )
+    by = collections.defaultdict(list)
+    for row in log:
+        if row[0] != "(warm-up)":
+            by[row[0]].append(row)
+            by["(all)"].append(row)
+    for c, rs in sorted(by.items()):
+        n, y = len(rs), sum(r[3] for r in rs)
+        cols = [f"{_loss(rs, i):.4f}  {sum(r[i] for r in rs):7.1f} / {y:.0f}" for i in (1, 2)]
+        print(f"  {c:15s} {n:5d} nodes  {cols[0]}  |  {cols[1]}")
+    return 0
+
+
+def _loss(rows, i: int) -> float:
+    """Mean log loss of chance column `i` against the outcomes."""
+    eps = 1e-6
+    return -statistics.fmean(
+        math.log(min(max(r[i], eps), 1 - eps))
+        if r[3]
+        else math.log(1 - min(max(r[i], eps), 1 - eps))
+        for r in rows
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
