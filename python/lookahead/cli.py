@@ -56,12 +56,12 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --engine llamacpp: llama.cpp's flash attention for every forward, the "
         "plain run's and the demo's llama-server too (default fastest: off or on, whichever "
-        "runs a 512-token prompt and 128 forwards of 1 and 4 rows sooner on this CPU, timed at "
-        "the first load of a GGUF file, about 2.5 s on the default model, and kept for later "
-        "loads (`calibrate` times it again); on only when 3 %% sooner; off is expected to "
-        "win on a Xeon, where its kernel makes each row of a verify forward cost nearly a full "
-        "row at long contexts; on won most loads on an AVX512 EPYC; auto is llama.cpp's "
-        "default, on: BENCHMARKS.md section 7.2)",
+        "runs a 512-token prompt and 128 forwards (3 in 4 of 1 row, 1 in 4 of 4 rows) sooner "
+        "on this CPU, timed in contexts of the engine's size at the first load of a GGUF file, "
+        "2-5 s on the default model, and kept for later loads (`calibrate` times it again); "
+        "off is expected to win on a Xeon, where its kernel makes each row of a verify forward "
+        "cost nearly a full row at long contexts; on decoded 1.05-1.14x faster on an AVX512 "
+        "EPYC; auto is llama.cpp's default, on: BENCHMARKS.md section 7)",
     )
 
 

@@ -3,15 +3,19 @@
 
 Neither setting is right on every CPU (BENCHMARKS.md section 7): on a Xeon with AVX512, ggml's
 flash-attention kernel makes each row of a verify forward cost nearly a full row at long
-contexts, and off is faster; on an AVX512 EPYC, on was faster in most loads (its workload took
-0.87-0.93 of off's time on the Q4 files) but not all (1.00 once, and 1.04 on F16). So at load
-the model times, in one context of each setting on the same weights, a prompt of `PROMPT`
+contexts, and off is faster; on an AVX512 EPYC, on decoded 1.05-1.14x faster than off in the
+loop (research/llamacpp_flash_check.py). So at load the model times, in two one-sequence
+contexts of the engine's own size (one per setting, on the same weights), a prompt of `PROMPT`
 tokens and forwards of 1 and 4 rows after it, the two settings taking turns, and keeps the
-setting whose workload (that prompt, then `STEPS` forwards, half of each width) is sooner.
-About 2.5 s on the default model's Q4_1 file (2 threads, AVX512 EPYC), at the first load of a
-GGUF file: the choice is kept on disk beside the cost curves (`load_or_time`, keyed by the
-file, threads, CPU and llama.cpp build, as `lookahead.llamacpp.costs.engine_key`), and
-`lookahead calibrate --engine llamacpp` times it again; `--flash-attn off|on` skips it.
+setting whose workload (that prompt, then `STEPS` forwards, `WIDTH_SHARE` of each width) is
+sooner. The contexts' size matters: with flash attention off, llama.cpp keeps V transposed,
+rows as long as the context, and in a context of 517 tokens the EPYC's one-row forwards timed
+on/off 0.98-1.00 on the Q4_0 file where the engine's 4096-token context gave 0.91-0.93 and
+plain decoding 0.88. About 2-5 s on the default model's files (2 threads, AVX512 EPYC), at the
+first load of a GGUF file, and memory for two more KV caches of the engine's size while it
+runs: the choice is kept on disk beside the cost curves (`load_or_time`, keyed by the file,
+threads, CPU and llama.cpp build, as `lookahead.llamacpp.costs.engine_key`), and `lookahead
+calibrate --engine llamacpp` times it again; `--flash-attn off|on` skips it.
 """
 
 from __future__ import annotations
@@ -26,20 +30,20 @@ import numpy as np
 from lookahead.costs import stderr_line
 
 # The workload a setting is judged by: a prompt of PROMPT tokens, then STEPS forwards after it,
-# as many of each width in WIDTHS (plain decoding's one row, a typical verify's 4). The shape of
-# the demo's and the benchmark's requests: prompts of 300-700 tokens, 128 new tokens.
+# of each width in WIDTHS (plain decoding's one row, a typical verify's 4) in its share of
+# WIDTH_SHARE: the engine's steps on Spec-Bench verified the root alone 79-93 % of the time
+# (research/llamacpp_flash_check.py). The shape of the demo's and the benchmark's requests:
+# prompts of 300-700 tokens, 128 new tokens.
 PROMPT = 512
 STEPS = 128
 WIDTHS = (1, 4)
+WIDTH_SHARE = {1: 0.75, 4: 0.25}
 SETTINGS = ("off", "on")
 # Forwards of each width timed per setting (their median is kept).
-REPS = 4
-# "on" only when its workload is this much sooner: where the two settings are this close, the
-# choice stays off rather than flip between runs (outputs can fork between settings).
-MARGIN = 0.03
+REPS = 16
 # Bump when the timing or its file changes meaning: a choice kept in another format is timed
-# again.
-FLASH_FORMAT = 1
+# again. (2: contexts of the engine's size, widths weighed by WIDTH_SHARE, no margin.)
+FLASH_FORMAT = 2
 # The longest choice file read (ours are about 1 KB).
 MAX_FILE_BYTES = 1 << 16
 
@@ -62,7 +66,7 @@ class FlashChoice:
 
     def describe(self) -> str:
         """`flash attention on, chosen by timing at load: a 512-token prompt and 128 forwards
-        of 1 and 4 rows 2.99 s off, 2.76 s on (prompt 1.14 / 1.06 s; forwards 7.2, 21.7 /
+        of 1 and 4 rows 2.53 s off, 2.34 s on (prompt 1.14 / 1.06 s; forwards 7.2, 21.7 /
         6.8, 19.7 ms); timed in 2.6 s`."""
         widths = " and ".join(str(w) for w in self.forward_s[SETTINGS[0]])
         totals = ", ".join(f"{self.workload_s(s):.2f} s {s}" for s in SETTINGS)
@@ -79,14 +83,16 @@ class FlashChoice:
 
 
 def workload_s(prompt_s: float, forward_s: dict) -> float:
-    """Seconds of the prompt and then `STEPS` forwards, as many of each width in `forward_s`
-    ({width: seconds of one forward})."""
-    return prompt_s + STEPS / len(forward_s) * sum(forward_s.values())
+    """Seconds of the prompt and then `STEPS` forwards of the widths in `forward_s` ({width:
+    seconds of one forward}) in their shares of `WIDTH_SHARE` (among the widths timed)."""
+    share = sum(WIDTH_SHARE[w] for w in forward_s)
+    return prompt_s + STEPS * sum(WIDTH_SHARE[w] * t for w, t in forward_s.items()) / share
 
 
-def pick(seconds: dict, margin: float = MARGIN) -> str:
-    """ "on" where its workload's `seconds` are at least `margin` fewer than off's, else "off"."""
-    return "on" if seconds["on"] < (1.0 - margin) * seconds["off"] else "off"
+def pick(seconds: dict) -> str:
+    """ "on" where its workload's `seconds` are fewer than off's, else "off". (No margin: the
+    choice is kept on disk, so close timings cannot flip it from run to run.)"""
+    return "on" if seconds["on"] < seconds["off"] else "off"
 
 
 def shape(n_ctx: int, n_batch: int) -> tuple[int, tuple]:
@@ -97,8 +103,8 @@ def shape(n_ctx: int, n_batch: int) -> tuple[int, tuple]:
 
 
 def fastest(model, n_ctx: int, n_batch: int, threads: int, reps: int = REPS) -> FlashChoice:
-    """Times the workload in two one-sequence contexts on `model`'s weights (`sibling`), one
-    per setting, freed before it returns: the prompt (as long as `n_ctx` allows, up to
+    """Times the workload in two one-sequence contexts of `n_ctx` tokens on `model`'s weights
+    (`sibling`), one per setting, freed before it returns: the prompt (as long as `n_ctx` allows, up to
     `PROMPT` tokens) a graph (`n_ubatch` tokens) at a time, then `reps` forwards of
     each width after it, the settings alternating at every graph and forward, in an order
     that turns each time, so that the VM's drift hits both alike."""
@@ -131,7 +137,7 @@ def fastest(model, n_ctx: int, n_batch: int, threads: int, reps: int = REPS) -> 
 
     try:
         for s in SETTINGS:
-            ctxs[s] = model.sibling(n_prompt + width + 1, 1, n_batch, threads, s)
+            ctxs[s] = model.sibling(n_ctx, 1, n_batch, threads, s)
         # Warm-up: the first forward of a context builds its graphs (and the first of all
         # pages the weights in), which a request's forwards do not pay.
         forward(prompt[:width], 0, keep=False)
