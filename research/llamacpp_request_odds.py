@@ -17,13 +17,9 @@ against followed, per category. Greedy, 128 new tokens.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import math
 import statistics
-
-from benchmarks.llamacpp import gguf_of
-from benchmarks.traces import DEFAULT_QUESTIONS, select_questions
 
 PRIOR = 4.0
 MAX_LOG_ODDS = 2.0
@@ -90,19 +86,11 @@ def correct(gen, log: list, where: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m research.llamacpp_request_odds")
-    p.add_argument("--quant", default="q4_0")
-    p.add_argument("--flash-attn", default="on", choices=("off", "on", "auto"))
-    p.add_argument("--per-category", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
-    from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, plain_generate
+    from lookahead.llamacpp import LlamaCppGenerator, plain_generate
 
-    qs = select_questions(str(DEFAULT_QUESTIONS), args.per_category)
-    path = gguf_of(args.quant)
-    m = LlamaCppModel(path, 4096, args.threads, flash_attn=args.flash_attn)
-    pm = LlamaCppModel(path, 4096, args.threads, n_seq_max=1, flash_attn=args.flash_attn)
-    costs = LlamaCppGenerator(m).cost_model
+    from research.llamacpp_sizer_check import setup
+
+    args, qs, m, pm, costs = setup("python -m research.llamacpp_request_odds", argv)
     gens = {k: LlamaCppGenerator(m, cost_model=costs) for k in ("odds", "table")}
     log: list = []
     where = {"category": "(warm-up)"}

@@ -23,20 +23,29 @@ from benchmarks.llamacpp import gguf_of
 from benchmarks.traces import DEFAULT_QUESTIONS, select_questions
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m research.llamacpp_sizer_check")
+def setup(prog: str, argv=None) -> tuple:
+    """(args, Spec-Bench questions, the engine's model, a one-sequence model for plain
+    decoding, their start-up cost curve) from this script's arguments: the A/B scripts'
+    common start."""
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--quant", default="q4_0")
     p.add_argument("--flash-attn", default="on", choices=("off", "on", "auto"))
     p.add_argument("--per-category", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
-    from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, plain_generate
+    from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel
 
     qs = select_questions(str(DEFAULT_QUESTIONS), args.per_category)
     path = gguf_of(args.quant)
     m = LlamaCppModel(path, 4096, args.threads, flash_attn=args.flash_attn)
     pm = LlamaCppModel(path, 4096, args.threads, n_seq_max=1, flash_attn=args.flash_attn)
-    costs = LlamaCppGenerator(m).cost_model
+    return args, qs, m, pm, LlamaCppGenerator(m).cost_model
+
+
+def main(argv=None) -> int:
+    from lookahead.llamacpp import LlamaCppGenerator, plain_generate
+
+    args, qs, m, pm, costs = setup("python -m research.llamacpp_sizer_check", argv)
     gens = {
         "tree": LlamaCppGenerator(m, cost_model=costs),
         "chain": LlamaCppGenerator(m, cost_model=costs, multi_branch=False),
