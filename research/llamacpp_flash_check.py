@@ -4,7 +4,7 @@
 
 `LlamaCppModel(flash_attn="fastest")` times a 512-token prompt and forwards of 1 and 4 rows in
 each setting, in contexts of the engine's size, and keeps the one whose prompt plus 128
-forwards is sooner (`lookahead.llamacpp.flash`). Here: that timing `--probes` times (before,
+forwards is sooner, on unless off is 3 % sooner (`lookahead.llamacpp.flash`). Here: that timing `--probes` times (before,
 between and after the requests), each beside the same timing in contexts of only the prompt's
 size (517 tokens: what the engine did before), then the engine itself (lookahead, cost-aware
 trees) and plain in-process decoding in each setting, on the same Spec-Bench prompts, the four
