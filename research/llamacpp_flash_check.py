@@ -4,13 +4,14 @@
 
 `LlamaCppModel(flash_attn="fastest")` times a 512-token prompt and forwards of 1 and 4 rows in
 each setting, in contexts of the engine's size, and keeps the one whose prompt plus 128
-forwards is sooner, on unless off is 3 % sooner (`lookahead.llamacpp.flash`). Here: that timing `--probes` times (before,
-between and after the requests), each beside the same timing in contexts of only the prompt's
-size (517 tokens: what the engine did before), then the engine itself (lookahead, cost-aware
-trees) and plain in-process decoding in each setting, on the same Spec-Bench prompts, the four
-taking turns in an order rotated per prompt. Per setting: decode tok/s, the request's whole
-time (prompt included), and the lookahead steps' widths (how many verify the root alone); then
-each timing's on/off ratios and choice. Greedy, 128 new tokens, 2 threads, contexts of 4096.
+forwards is sooner, on unless off is 3 % sooner (`lookahead.llamacpp.flash`). Here: that
+timing `--probes` times (before, between and after the requests), each beside the same timing
+in contexts of only the prompt's size (517 tokens: what the engine did before), then the engine
+itself (lookahead, cost-aware trees) and plain in-process decoding in each setting, on the
+same Spec-Bench prompts, the four taking turns in an order rotated per prompt. Per setting:
+decode tok/s, the request's whole time (prompt included), and the lookahead steps' widths (how
+many verify the root alone); then each timing's on/off ratios and choice. Greedy, 128 new
+tokens, 2 threads, contexts of 4096.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--probes", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
-    from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, flash, plain_generate
+    from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, flash
+
+    from research.llamacpp_sizer_check import rotated, run
 
     qs = select_questions(str(DEFAULT_QUESTIONS), args.per_category)
     path = gguf_of(args.quant)
@@ -58,14 +61,10 @@ def main(argv=None) -> int:
     for i, x in enumerate(ids):
         if args.probes > 2 and i == len(ids) // 2:
             probe()
-        for k, s in methods[i % 4 :] + methods[: i % 4]:
-            if k == "plain":
-                t: dict = {}
-                toks = plain_generate(plains[s], x, 128, times=t)
-                got[k, s].append(((len(toks) - 1) / (t["total_s"] - t["prefill_s"]), t["total_s"]))
-            else:
-                st = gens[s].generate(x, 128).stats
-                got[k, s].append(((st.new_tokens - 1) / (st.total_s - st.prefill_s), st.total_s))
+        for k, s in rotated(methods, i):
+            toks, secs, whole, st = run(plains[s] if k == "plain" else gens[s], x)
+            got[k, s].append(((len(toks) - 1) / secs, whole))
+            if st is not None:
                 widths[s].update(1 + d for d in st.draft_nodes)
         print(qs[i]["category"], "  ".join(f"{k} {s} {got[k, s][-1][0]:.1f}" for k, s in methods),
               flush=True)  # fmt: skip

@@ -86,9 +86,9 @@ def correct(gen, log: list, where: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from lookahead.llamacpp import LlamaCppGenerator, plain_generate
+    from lookahead.llamacpp import LlamaCppGenerator
 
-    from research.llamacpp_sizer_check import setup
+    from research.llamacpp_sizer_check import rotated, run, setup
 
     args, qs, m, pm, costs = setup("python -m research.llamacpp_request_odds", argv)
     gens = {k: LlamaCppGenerator(m, cost_model=costs) for k in ("odds", "table")}
@@ -102,14 +102,9 @@ def main(argv=None) -> int:
     tps = {k: [] for k in methods}
     for i, (q, x) in enumerate(zip(qs, ids)):
         where["category"] = q["category"]
-        for k in methods[i % 3 :] + methods[: i % 3]:
-            if k == "plain":
-                t: dict = {}
-                toks = plain_generate(pm, x, 128, times=t)
-                tps[k].append((len(toks) - 1) / (t["total_s"] - t["prefill_s"]))
-            else:
-                r = gens[k].generate(x, 128)
-                tps[k].append((len(r.ids) - 1) / (r.stats.total_s - r.stats.prefill_s))
+        for k in rotated(methods, i):
+            toks, secs, _, _ = run(pm if k == "plain" else gens[k], x)
+            tps[k].append((len(toks) - 1) / secs)
         print(q["category"], "  ".join(f"{k} {tps[k][-1]:.1f}" for k in methods), flush=True)
     print(f"# {args.quant}, flash attention {args.flash_attn}, {len(qs)} prompts")
     for k in methods:

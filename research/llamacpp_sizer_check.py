@@ -42,8 +42,28 @@ def setup(prog: str, argv=None) -> tuple:
     return args, qs, m, pm, LlamaCppGenerator(m).cost_model
 
 
+def rotated(methods: list, i: int) -> list:
+    """`methods` in the order prompt `i` runs them: turned by one per prompt, so that the
+    VM's drift hits all alike."""
+    return methods[i % len(methods) :] + methods[: i % len(methods)]
+
+
+def run(runner, ids: list, n: int = 128) -> tuple:
+    """(tokens, decode seconds, whole seconds, stats) of one greedy request for `n` new tokens
+    on `runner`: a `LlamaCppGenerator` (stats: its `GenerationStats`) or a one-sequence
+    `LlamaCppModel`, decoding plainly (stats: None)."""
+    from lookahead.llamacpp import LlamaCppModel, plain_generate
+
+    if isinstance(runner, LlamaCppModel):
+        t: dict = {}
+        toks = plain_generate(runner, ids, n, times=t)
+        return toks, t["total_s"] - t["prefill_s"], t["total_s"], None
+    r = runner.generate(ids, n)
+    return r.ids, r.stats.total_s - r.stats.prefill_s, r.stats.total_s, r.stats
+
+
 def main(argv=None) -> int:
-    from lookahead.llamacpp import LlamaCppGenerator, plain_generate
+    from lookahead.llamacpp import LlamaCppGenerator
 
     args, qs, m, pm, costs = setup("python -m research.llamacpp_sizer_check", argv)
     gens = {
@@ -58,15 +78,10 @@ def main(argv=None) -> int:
     got = {k: [] for k in methods}
     for i, (q, x) in enumerate(zip(qs, ids)):
         row = {}
-        for k in methods[i % 3 :] + methods[: i % 3]:
-            if k == "plain":
-                t: dict = {}
-                toks = plain_generate(pm, x, 128, times=t)
-                row[k] = (toks, t["total_s"] - t["prefill_s"], len(toks))
-            else:
-                expected["category"] = q["category"]
-                r = gens[k].generate(x, 128)
-                row[k] = (r.ids, r.stats.total_s - r.stats.prefill_s, r.stats.steps)
+        expected["category"] = q["category"]
+        for k in rotated(methods, i):
+            toks, secs, _, st = run(pm if k == "plain" else gens[k], x)
+            row[k] = (toks, secs, len(toks) if st is None else st.steps)
         for k, (toks, secs, steps) in row.items():
             got[k].append(((len(toks) - 1) / secs, len(toks) / steps, toks == row["plain"][0]))
         print(q["category"], "  ".join(f"{k} {got[k][-1][0]:.1f}" for k in methods), flush=True)

@@ -62,8 +62,9 @@ def main(argv=None) -> int:
     for q in qs:
         where["category"] = q["category"]
         gen.generate(m.encode(q["turns"][0], chat=True), 128)
-    print(f"# {args.quant}, flash attention on, {len(qs)} prompts: verified nodes whose parent "
-          f"was accepted: nodes, the table's chances summed, followed, followed / chances")  # fmt: skip
+    print(f"# {args.quant}, flash attention on, {len(qs)} prompts: verified nodes whose "
+          "parent was accepted: nodes, the table's chances summed, followed, followed / "
+          "chances")  # fmt: skip
     for (cat, key), (n, c, y) in sorted(sums.items()):
         if cat != "(warm-up)" and n >= 15:
             print(f"{cat:15s} {key:8s} {n:5d} {c:7.1f} {y:5.0f}  {y / max(c, 1e-9):.2f}")

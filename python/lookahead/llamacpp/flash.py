@@ -8,14 +8,15 @@ loop (research/llamacpp_flash_check.py). So at load the model times, in two one-
 contexts of the engine's own size (one per setting, on the same weights), a prompt of `PROMPT`
 tokens and forwards of 1 and 4 rows after it, the two settings taking turns, and keeps the
 setting whose workload (that prompt, then `STEPS` forwards, `WIDTH_SHARE` of each width) is
-sooner, on unless off is `OFF_MARGIN` sooner. The contexts' size matters: with flash attention off, llama.cpp keeps V transposed,
-rows as long as the context, and in a context of 517 tokens the EPYC's one-row forwards timed
-on/off 0.98-1.00 on the Q4_0 file where the engine's 4096-token context gave 0.91-0.93 and
-plain decoding 0.88. About 2-5 s on the default model's files (2 threads, AVX512 EPYC), at the
-first load of a GGUF file, and memory for two more KV caches of the engine's size while it
-runs: the choice is kept on disk beside the cost curves (`load_or_time`, keyed by the file,
-threads, CPU and llama.cpp build, as `lookahead.llamacpp.costs.engine_key`), and `lookahead
-calibrate --engine llamacpp` times it again; `--flash-attn off|on` skips it.
+sooner, on unless off is `OFF_MARGIN` sooner. The contexts' size matters: with flash attention
+off, llama.cpp keeps V transposed, rows as long as the context, and in a context of 517 tokens
+the EPYC's one-row forwards timed on/off 0.98-1.00 on the Q4_0 file where the engine's
+4096-token context gave 0.91-0.93 and plain decoding 0.88. About 2-5 s on the default model's
+files (2 threads, AVX512 EPYC), at the first load of a GGUF file, and memory for two more KV
+caches of the engine's size while it runs: the choice is kept on disk beside the cost curves
+(`load_or_time`, keyed by the file, threads, CPU and llama.cpp build, as
+`lookahead.llamacpp.costs.engine_key`), and `lookahead calibrate --engine llamacpp` times it
+again; `--flash-attn off|on` skips it.
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ def shape(n_ctx: int, n_batch: int) -> tuple[int, tuple]:
 
 def fastest(model, n_ctx: int, n_batch: int, threads: int, reps: int = REPS) -> FlashChoice:
     """Times the workload in two one-sequence contexts of `n_ctx` tokens on `model`'s weights
-    (`sibling`), one per setting, freed before it returns: the prompt (as long as `n_ctx` allows, up to
-    `PROMPT` tokens) a graph (`n_ubatch` tokens) at a time, then `reps` forwards of
-    each width after it, the settings alternating at every graph and forward, in an order
+    (`sibling`), one per setting, freed before it returns: the prompt (as long as `n_ctx`
+    allows, up to `PROMPT` tokens) a graph (`n_ubatch` tokens) at a time, then `reps` forwards
+    of each width after it, the settings alternating at every graph and forward, in an order
     that turns each time, so that the VM's drift hits both alike."""
     n_prompt, widths = shape(n_ctx, n_batch)
     width = max(widths)
