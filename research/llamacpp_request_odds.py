@@ -21,6 +21,8 @@ import collections
 import math
 import statistics
 
+import numpy as np
+
 PRIOR = 4.0
 MAX_LOG_ODDS = 2.0
 
@@ -57,12 +59,12 @@ def correct(gen, log: list, where: dict) -> None:
 
     sizer, odds = gen.sizer, RequestOdds()
     cal = sizer.calibration[False]
-    rows_of = AcceptanceCalibration._rows
+    table_of = AcceptanceCalibration.table
 
-    def corrected_rows():
-        rows = rows_of(cal)
+    def corrected_table():
+        table = table_of(cal)
         f = odds.odds
-        return rows if f == 1.0 else [[scaled(c, f) for c in r] for r in rows]
+        return table if f == 1.0 else scaled(table, f)
 
     def observe(step):
         if step.drafted is not None and not step.sampled:
@@ -70,7 +72,8 @@ def correct(gen, log: list, where: dict) -> None:
             nodes, followed = outcomes(tokens, parents, step.path, step.emitted)
             sc, par = scores.tolist(), parents.tolist()
             cond = [sc[j] / sc[par[j]] if sc[par[j]] > 0 else 0.0 for j in nodes]
-            chances = cal.predict(cond, [int(matched[j]) for j in nodes]).tolist()
+            groups = cal.groups(np.array([int(matched[j]) for j in nodes], dtype=np.int64))
+            chances = table_of(cal)[groups, cal.bands(np.array(cond))].tolist()
             for c, y in zip(chances, followed):
                 log.append((where["category"], c, scaled(c, odds.odds), y))
             odds.observe(chances, followed)
@@ -81,7 +84,7 @@ def correct(gen, log: list, where: dict) -> None:
         sizer_finish()
 
     sizer_observe, sizer_finish = sizer.observe, sizer.finish
-    cal._rows = corrected_rows
+    cal.table = corrected_table
     sizer.observe, sizer.finish = observe, finish
 
 

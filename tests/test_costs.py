@@ -9,6 +9,8 @@ import random
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lookahead import costs
 from lookahead.calibration import AcceptanceCalibration
 from lookahead.costs import CostModel, load_or_measure, measure_costs
@@ -117,6 +119,98 @@ def test_a_parent_scored_zero_gives_its_children_no_chance():
     assert conditional(scores, parents).tolist() == [0.0, 0.0, 0.5]
     e = AcceptanceCalibration().expected(scores, parents, np.zeros(3))
     assert np.isfinite(e).all() and e[-1] == pytest.approx(e[1] + 0.55)
+
+
+def reference_expected(table, scores, parents, matched) -> np.ndarray:
+    """`AcceptanceCalibration.expected` as it was written in Python (until the core took it
+    over): the reference the core's `expected_lengths` must equal bit for bit."""
+    import bisect
+
+    from lookahead.calibration import BAND_EDGES, MATCH_EDGES
+
+    edges, groups = BAND_EDGES.tolist(), MATCH_EDGES.tolist()
+    rows = table.tolist()
+    sc, par, mt = list(map(float, scores)), list(map(int, parents)), list(map(int, matched))
+    left = [1.0] * (len(sc) + 1)
+    chance = [1.0] * (len(sc) + 1)
+    out, total = [], 0.0
+    for i, p in enumerate(par):
+        above = sc[p - 1] if p else 1.0
+        cond = sc[i] / above if above > 0 else 0.0
+        band = max(bisect.bisect_right(edges, cond) - 1, 0)
+        c = rows[bisect.bisect_right(groups, mt[i])][band] * chance[p]
+        c = max(min(c, left[p]), 0.0)
+        left[p] -= c
+        chance[i + 1] = left[i + 1] = c
+        total += c
+        out.append(total)
+    return np.array(out)
+
+
+@st.composite
+def drafts(draw):
+    """A best-first-like draft without its root (parents before children, path scores that
+    shrink down a branch, scores on band edges now and then) and a learnt table."""
+    n = draw(st.integers(0, 40))
+    parents, scores = [], []
+    for i in range(n):
+        p = draw(st.integers(0, i))
+        edge = draw(st.sampled_from([None, 0.05, 0.3, 0.5, 0.95, 1.0]))
+        cond = edge if edge is not None else draw(st.floats(0.0, 1.0))
+        parents.append(p)
+        scores.append((scores[p - 1] if p else 1.0) * cond)
+    matched = draw(st.lists(st.integers(0, 20), min_size=n, max_size=n))
+    seed = draw(st.integers(0, 2**31))
+    return (np.array(scores, dtype=np.float32), np.array(parents, dtype=np.int32),
+            np.array(matched, dtype=np.uint8), seed)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(drafts(), st.floats(0.0, 0.05))
+def test_the_cores_cut_is_the_python_rule(draft, host_s):
+    from lookahead._core import choose_prefix
+
+    scores, parents, matched, seed = draft
+    rng = np.random.default_rng(seed)
+    cal = AcceptanceCalibration()
+    for _ in range(int(rng.integers(0, 12))):  # a table learnt from something, not only the prior
+        k = int(rng.integers(1, 30))
+        cal.observe(rng.uniform(0, 1, k), rng.integers(0, 12, k), rng.uniform(0, 1, k) < 0.6)
+    e = cal.expected(scores, parents, matched)
+    ref = reference_expected(cal.table(), scores, parents, matched)
+    assert e.tolist() == ref.tolist()
+    # A curve with a knee and bumps: the choice must be the numpy rule's, ties included.
+    costs = curve(lambda r: 1.0 + 0.3 * (r - 1) + (0.5 if r % 4 == 0 else 0.0))
+    if seed % 3 == 0:
+        costs = curve(lambda r: 1.0 + 0.9 * (r > 1) + 0.45 * max(r - 2, 0))  # Q4_1-like
+    args = cal.native_args(scores, parents, matched)
+    assert choose_prefix(cal.table(), *args, costs, host_s) == choose_nodes(ref, costs, host_s)
+
+
+def test_the_cores_cut_refuses_bad_drafts():
+    from lookahead._core import choose_prefix, expected_lengths
+    from lookahead.calibration import BAND_EDGES, MATCH_EDGES
+    from lookahead.errors import InvalidInput
+
+    cal = AcceptanceCalibration()
+    t, c = cal.table(), curve(lambda r: float(r))
+    ok = (np.array([0.5, 0.2]), np.array([0, 1], dtype=np.int32), np.zeros(2, dtype=np.uint8))
+    assert choose_prefix(t, BAND_EDGES, MATCH_EDGES, *ok, c, 0.0) == 0
+    bad = [
+        (np.array([0.5, 0.2]), np.array([0, 2], dtype=np.int32)),  # a parent after its child
+        (np.array([0.5, 0.2]), np.array([-1, 0], dtype=np.int32)),
+        (np.array([0.5, np.nan]), np.array([0, 1], dtype=np.int32)),
+        (np.array([0.5]), np.array([0, 1], dtype=np.int32)),  # lengths differ
+    ]
+    for scores, parents in bad:
+        with pytest.raises(InvalidInput):
+            expected_lengths(t, BAND_EDGES, MATCH_EDGES, scores, parents, np.zeros(2, np.uint8))
+    with pytest.raises(InvalidInput, match="table"):
+        expected_lengths(np.ascontiguousarray(t[:, :-1]), BAND_EDGES, MATCH_EDGES, *ok)
+    with pytest.raises(InvalidInput, match="ascending"):
+        expected_lengths(t, BAND_EDGES[::-1].copy(), MATCH_EDGES, *ok)
+    with pytest.raises(TypeError):  # numpy's dtype is checked, not converted, by the core
+        expected_lengths(t, BAND_EDGES, MATCH_EDGES, ok[0].astype(np.float32), *ok[1:])
 
 
 def test_calibration_follows_a_change_of_workload():

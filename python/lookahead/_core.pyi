@@ -14,6 +14,8 @@ __all__ = [
     "_panic_for_test",
     "_time_index",
     "_time_compaction",
+    "expected_lengths",
+    "choose_prefix",
     "DEFAULTS",
     "MAX_BUDGET",
     "MAX_CAPACITY_NODES",
@@ -159,3 +161,23 @@ def _raise_error(kind: str, message: str) -> None: ...
 def _panic_for_test() -> None: ...
 def _time_index(tokens: _U32, max_depth: int) -> tuple[int, int, int]: ...
 def _time_compaction(tokens: _U32, max_depth: int) -> tuple[int, int, int]: ...
+
+# The cost-aware sizer's per-step arithmetic (`lookahead.calibration`, `lookahead.sizing`).
+def expected_lengths(
+    chances: npt.NDArray[np.float64],
+    bands: npt.NDArray[np.float64],
+    groups: npt.NDArray[np.int64],
+    scores: npt.NDArray[np.float64],
+    parents: npt.NDArray[np.int32],
+    matched: npt.NDArray[np.uint8],
+) -> npt.NDArray[np.float64]: ...
+def choose_prefix(
+    chances: npt.NDArray[np.float64],
+    bands: npt.NDArray[np.float64],
+    groups: npt.NDArray[np.int64],
+    scores: npt.NDArray[np.float64],
+    parents: npt.NDArray[np.int32],
+    matched: npt.NDArray[np.uint8],
+    costs: npt.NDArray[np.float64],
+    host_s: float,
+) -> int: ...

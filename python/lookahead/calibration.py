@@ -6,9 +6,9 @@ in `lookahead.sizing.choose_nodes` weighs rows against these chances)."""
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
+
+from lookahead._core import expected_lengths
 
 # Bands of a node's conditional score (its path score over its parent's: the drafter's
 # estimate that the target follows it where its parent was followed), fine where scores crowd.
@@ -19,7 +19,7 @@ BAND_EDGES = np.array([0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0
 # long match far more often: replaying the default model's 120 Spec-Bench traces, a node
 # scored 0.5-0.6 was followed 21 % of the time after no match of its own, 44 % after 1 token,
 # 59 % after 2-3, 74 % after 4-6 and 83 % after 7+ (research/README.md, "Match length").
-MATCH_EDGES = np.array([1, 2, 4, 7])
+MATCH_EDGES = np.array([1, 2, 4, 7], dtype=np.int64)
 # The shipped prior: a node's conditional score is its chance, read at each band's middle
 # score, worth this many nodes per band and group until the engine's own outweigh it.
 PRIOR_WEIGHT = 8.0
@@ -65,8 +65,6 @@ class AcceptanceCalibration:
         self._offered = np.zeros(shape)
         self._accepted = np.zeros(shape)
         self._table: np.ndarray | None = None
-        self._table_rows: list | None = None
-        self._edges, self._groups = self.edges.tolist(), MATCH_EDGES.tolist()
         self._pending: list = []  # steps observed since the counts were brought up to date
 
     def bands(self, cond: np.ndarray) -> np.ndarray:
@@ -88,7 +86,7 @@ class AcceptanceCalibration:
         self._pending.append((cond, matched, accepted))
         if len(self._pending) >= REFRESH_EVERY:
             self._count_in()
-            self._table = self._table_rows = None
+            self._table = None
 
     def _count_in(self) -> None:
         """Brings the counts up to date with the pending steps: each step fades what came
@@ -145,32 +143,20 @@ class AcceptanceCalibration:
         `matched[i]`): `[k - 1]` for its first k nodes. A node is accepted with its parent's
         chance times its own (`predict`), capped by what its parent has left once its earlier
         (better) siblings took theirs: one path is accepted, so siblings' chances add up to at
-        most their parent's. (One Python pass: half the time of numpy's calls on ~32 nodes.)"""
-        rows = self._rows()
-        sc = scores.tolist() if isinstance(scores, np.ndarray) else list(scores)
-        par = parents.tolist() if isinstance(parents, np.ndarray) else list(parents)
-        mt = matched.tolist() if isinstance(matched, np.ndarray) else list(matched)
-        edges, groups = self._edges, self._groups
-        left = [1.0] * (len(sc) + 1)  # chance each node still has to hand to its children
-        chance = [1.0] * (len(sc) + 1)
-        out = [0.0] * len(sc)
-        total = 0.0
-        for i, p in enumerate(par):
-            cond = _over(sc[i], sc[p - 1] if p else 1.0)
-            band = max(bisect.bisect_right(edges, cond) - 1, 0)
-            c = rows[bisect.bisect_right(groups, mt[i])][band] * chance[p]
-            c = max(min(c, left[p]), 0.0)
-            left[p] -= c
-            chance[i + 1] = left[i + 1] = c
-            total += c
-            out[i] = total
-        return np.array(out)
+        most their parent's. (The core's `expected_lengths`: a Python pass over ~32 nodes
+        took 40-50 us a step.)"""
+        return expected_lengths(self.table(), *self.native_args(scores, parents, matched))
 
-    def _rows(self) -> list:
-        """`table()` as nested lists, for `expected`'s pass."""
-        if self._table is None or self._table_rows is None:
-            self._table_rows = self.table().tolist()
-        return self._table_rows
+    def native_args(self, scores, parents, matched) -> tuple:
+        """(bands, groups, scores, parents, matched) as the core's `expected_lengths` and
+        `choose_prefix` take them (arrays already of the right type pass through)."""
+        return (
+            self.edges,
+            MATCH_EDGES,
+            np.ascontiguousarray(scores, dtype=np.float64),
+            np.ascontiguousarray(parents, dtype=np.int32),
+            np.ascontiguousarray(matched, dtype=np.uint8),
+        )
 
 
 def outcomes(tokens, parents, path, emitted, verified=None) -> tuple[list, list]:

@@ -32,6 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
+from lookahead._core import choose_prefix
 from lookahead.args import is_int
 from lookahead.calibration import AcceptanceCalibration, learn
 
@@ -220,9 +221,11 @@ class CostAwareSizer:
         return self.max_nodes
 
     def cut(self, scores, parents, matched, context_len: int, last: int, sampled: bool) -> int:
-        expected = self.calibration[sampled].expected(scores, parents, matched)
+        # `choose_nodes` over the calibration's `expected`, in one call of the core.
+        cal = self.calibration[sampled]
         curve = self.learned.curve(context_len)
-        k = choose_nodes(expected, curve, self.host_s[sampled])
+        args = cal.native_args(scores, parents, matched)
+        k = choose_prefix(cal.table(), *args, curve, self.host_s[sampled])
         return passes_min_score(scores, k, self.min_score)
 
     def observe(self, step: Step) -> int:

@@ -10,6 +10,7 @@ pub mod evict;
 pub mod persist;
 mod pool;
 pub mod recycle;
+pub mod sizing;
 pub mod trie;
 
 #[cfg(feature = "python")]
