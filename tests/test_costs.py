@@ -166,8 +166,8 @@ def drafts(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(drafts(), st.floats(0.0, 0.05))
-def test_the_cores_cut_is_the_python_rule(draft, host_s):
+@given(drafts(), st.floats(0.0, 0.05), st.sampled_from([0.0, 0.0, 0.1, 0.7]))
+def test_the_cores_cut_is_the_python_rule(draft, host_s, switch_s):
     from lookahead._core import choose_prefix
 
     scores, parents, matched, seed = draft
@@ -184,7 +184,8 @@ def test_the_cores_cut_is_the_python_rule(draft, host_s):
     if seed % 3 == 0:
         costs = curve(lambda r: 1.0 + 0.9 * (r > 1) + 0.45 * max(r - 2, 0))  # Q4_1-like
     args = cal.native_args(scores, parents, matched)
-    assert choose_prefix(cal.table(), *args, costs, host_s) == choose_nodes(ref, costs, host_s)
+    got = choose_prefix(cal.table(), *args, costs, host_s, switch_s)
+    assert got == choose_nodes(ref, costs, host_s, switch_s)
 
 
 def test_the_cores_cut_refuses_bad_drafts():
@@ -195,7 +196,7 @@ def test_the_cores_cut_refuses_bad_drafts():
     cal = AcceptanceCalibration()
     t, c = cal.table(), curve(lambda r: float(r))
     ok = (np.array([0.5, 0.2]), np.array([0, 1], dtype=np.int32), np.zeros(2, dtype=np.uint8))
-    assert choose_prefix(t, BAND_EDGES, MATCH_EDGES, *ok, c, 0.0) == 0
+    assert choose_prefix(t, BAND_EDGES, MATCH_EDGES, *ok, c, 0.0, 0.0) == 0
     bad = [
         (np.array([0.5, 0.2]), np.array([0, 2], dtype=np.int32)),  # a parent after its child
         (np.array([0.5, 0.2]), np.array([-1, 0], dtype=np.int32)),

@@ -96,6 +96,51 @@ def test_learnt_costs_fold_into_the_next_runs_prior():
     assert learned.describe(100).startswith("100 cached tokens (0 forwards kept in its band)")
 
 
+def test_learnt_costs_keep_what_a_draft_adds_to_the_next_forward_apart():
+    # A one-row forward costs 0.1 s after a one-row forward and 0.15 s after a 4-row one (as
+    # llama.cpp rebuilds its graph): the excess is the draft's, not a dearer one-row step.
+    prior = CostModel.from_rows(LINEAR)
+    apart, mixed = LearnedCosts(prior, switches=True), LearnedCosts(prior)
+    for _ in range(3 * WINDOW):
+        for rows, sec in ((1, 0.1), (4, 0.3), (1, 0.15), (4, 0.3), (1, 0.15)):
+            apart.observe(rows, 300, sec)
+            mixed.observe(rows, 300, sec)
+    apart.refresh()
+    mixed.refresh()
+    assert apart.curve(300)[1] == pytest.approx(0.1, rel=0.02)
+    # its median excess, shrunk towards none as if the prior were 2 more forwards
+    assert apart.switch_frac == pytest.approx(math.expm1(math.log(1.5) * WINDOW / (WINDOW + 2)))
+    # Without `switches` (the serving sizer's batches) nothing is kept apart.
+    assert mixed.switch_frac == 0.0 and mixed.curve(300)[1] > 0.14
+    # A forward after a gap (a prompt ran between) is no switch: counted as a one-row one.
+    n = len(apart._switch)
+    apart.observe(4, 300, 0.3)
+    apart.gap()
+    apart.observe(1, 300, 0.1)
+    apart.refresh()
+    assert len(apart._switch) == n
+
+
+def test_cost_aware_sizer_weighs_what_a_draft_adds_to_the_next_forward():
+    # Rows cost 1 s + 0.1 s a row. A one-node draft accepted 65 % of the time pays for its
+    # row (1.65 tokens for 1.1 s)... until each draft is seen to make the next forward 1 s
+    # dearer: then the root alone.
+    s = CostAwareSizer(CostModel.from_rows({1: 1.0, 33: 4.2}))
+    s.start(None)
+    one, draft = (np.array([0.6]), np.array([0]), np.zeros(1)), 1
+    s.calibration[False].prior_weight = 1e9  # chances: the scores as given
+    s.calibration[False]._table = None
+    assert s.cut(*one, 100, 0, False) == draft
+    for _ in range(3 * WINDOW):
+        s.observe(_step(1, [0], None, forward_s=1.0))
+        s.observe(_step(2, [0], None, forward_s=1.1))
+        s.observe(_step(1, [0], None, forward_s=2.0))
+    assert s.learned.switch_frac > 0.5
+    assert s.cut(*one, 100, 0, False) == 0
+    s.finish()
+    assert s.learned._last_rows is None  # the next request's prompt runs first
+
+
 # -- plausibility -----------------------------------------------------------------------
 @pytest.mark.parametrize(
     "rows, why",

@@ -180,4 +180,5 @@ def choose_prefix(
     matched: npt.NDArray[np.uint8],
     costs: npt.NDArray[np.float64],
     host_s: float,
+    switch_s: float,
 ) -> int: ...

@@ -13,6 +13,14 @@ row count is read cheaper than one row.
 So a prior with the wrong shape (measured on a busy machine, or on a first run whose thread
 pools were cold) is corrected where the engine drafts, within `WINDOW` steps, and what was
 learnt is folded back into a `CostModel` (`as_cost_model`) that the next run starts from.
+
+With `switches`, a one-row forward right after a wider one is kept apart: it costs more than
+one after a one-row forward (llama.cpp reuses its last compute graph only for a batch of the
+same shape: measured on the default model's Q4_1 / Q4_0 files after 700 tokens, 2 threads,
++0.4-0.8 / +0.9 ms on 12 / 8 ms, `research/llamacpp_switch_cost.py`), and that excess is a
+cost of the draft before it, which `switch_frac` reports (as a fraction of a one-row
+forward) for the sizer to weigh; in the one-row median it would have looked like a dearer
+root-only step instead.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ PRIOR_COUNT = 2.0
 # costs ~5 numpy calls to rebuild, ~45 us right after a forward on llama.cpp's 135M model
 # (the CPU's caches full of weights), and one forward moves a median of 15 little.
 REFRESH_EVERY = 8
+# One-row forwards of a band measured before a switch's excess is read against them.
+SWITCH_BASE = 3
 
 
 def _median(v) -> float:
@@ -56,9 +66,14 @@ def _shrunk_median(log_ratios) -> float:
 class LearnedCosts:
     """Forward seconds by rows and context, learnt from measured forwards around `prior`."""
 
-    def __init__(self, prior: CostModel, window: int = WINDOW):
+    def __init__(self, prior: CostModel, window: int = WINDOW, switches: bool = False):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window!r}")
+        self.switches = bool(switches)
+        # log(one-row forward after a wider one / the band's learnt one-row forward)
+        self._switch: deque = deque(maxlen=int(window))
+        self.switch_frac = 0.0  # what a wider forward adds to the next one-row one, shrunk
+        self._last_rows: int | None = None  # the last forward's rows (None: not measured)
         self.prior = prior
         self.max_rows = prior.widths[-1]
         self.window = int(window)
@@ -80,27 +95,43 @@ class LearnedCosts:
         It is kept as given and counted in with the others every `REFRESH_EVERY` forwards
         (or when something is read): right after a forward each of the ~10 calls of counting
         one in costs several times what it costs among others (~30 us a step, measured)."""
+        after, self._last_rows = self._last_rows, int(rows)
         if not 1 <= rows <= self.max_rows or not (0.0 < seconds < math.inf):
             return
-        self._pending.append((int(rows), int(context_len), float(seconds)))
+        self._pending.append((int(rows), int(context_len), float(seconds), after))
         self.count += 1
         if len(self._pending) >= REFRESH_EVERY:
             self.refresh()
+
+    def gap(self) -> None:
+        """The next forward measured does not follow the last one (a prompt ran between)."""
+        self._last_rows = None
 
     def _count_in(self) -> None:
         """Counts the pending forwards in, oldest first."""
         pending, self._pending = self._pending, []
         changed: set = set()
-        for rows, context_len, seconds in pending:
+        switched = False
+        for rows, context_len, seconds, after in pending:
             modelled = float(self.prior.curve(context_len)[rows])
             key = (self.band(context_len), rows)
+            ratio = math.log(seconds / modelled)
+            if self.switches and rows == 1 and after is not None and after > 1:
+                base = self._obs.get(key)
+                one_row = self._shrunk.get(key[0], {}).get(1)
+                if base is not None and len(base) >= SWITCH_BASE and one_row is not None:
+                    self._switch.append(ratio - one_row)
+                    switched = True
+                continue
             got = self._obs.get(key)
             if got is None:
                 got = self._obs[key] = deque(maxlen=self.window)
-            got.append(math.log(seconds / modelled))
+            got.append(ratio)
             changed.add(key)
         for band, rows in changed:
             self._shrunk.setdefault(band, {})[rows] = _shrunk_median(self._obs[(band, rows)])
+        if switched:
+            self.switch_frac = max(math.expm1(_shrunk_median(self._switch)), 0.0)
 
     def refresh(self) -> None:
         """Counts every forward measured in and drops the cached curves: the next `curve`

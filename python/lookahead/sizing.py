@@ -161,18 +161,24 @@ class FixedSizer:
         pass
 
 
-def choose_nodes(expected: np.ndarray, costs: np.ndarray, host_s: float = 0.0) -> int:
+def choose_nodes(
+    expected: np.ndarray, costs: np.ndarray, host_s: float = 0.0, switch_s: float = 0.0
+) -> int:
     """How many of the draft's best-first nodes to verify: the k that maximises this step's
-    expected tokens per second, (1 + expected[k - 1]) / (costs[k + 1] + host_s), with k = 0
-    (the root alone, 1 / (costs[1] + host_s)) among the choices. `expected[k - 1]` is the
-    expected accepted length of the first k nodes (non-decreasing in k), `costs[r]` the
-    forward time of r rows (index 0 unused), `host_s` the step's time besides the forward.
-    Ties go to fewer nodes."""
+    expected tokens per second, (1 + expected[k - 1]) / (costs[k + 1] + host_s + switch_s),
+    with k = 0 (the root alone, 1 / (costs[1] + host_s)) among the choices. `expected[k - 1]`
+    is the expected accepted length of the first k nodes (non-decreasing in k), `costs[r]`
+    the forward time of r rows (index 0 unused), `host_s` the step's time besides the
+    forward, `switch_s` what any draft adds besides (to the one-row forward after it:
+    `LearnedCosts.switch_frac`). Ties go to fewer nodes. (The engines' sizer runs the core's
+    `choose_prefix`, the same rule.)"""
     k_max = min(len(expected), len(costs) - 2)
     if k_max <= 0:
         return 0
     gain = 1.0 + np.concatenate(([0.0], np.asarray(expected[:k_max], dtype=np.float64)))
-    return int(np.argmax(gain / (costs[1 : k_max + 2] + host_s)))  # first max: fewest nodes
+    cost = costs[1 : k_max + 2] + host_s
+    cost[1:] += switch_s
+    return int(np.argmax(gain / cost))  # first max: fewest nodes
 
 
 class CostAwareSizer:
@@ -214,7 +220,7 @@ class CostAwareSizer:
         from lookahead.learned_costs import LearnedCosts
 
         prior = load_or_measure(model) if self._source == "auto" else self._source
-        self.learned = LearnedCosts(prior)
+        self.learned = LearnedCosts(prior, switches=True)
         self.max_nodes = min(self.max_nodes, max(prior.widths[-1] - 1, 0))
 
     def budget(self, last: int) -> int:
@@ -225,7 +231,8 @@ class CostAwareSizer:
         cal = self.calibration[sampled]
         curve = self.learned.curve(context_len)
         args = cal.native_args(scores, parents, matched)
-        k = choose_prefix(cal.table(), *args, curve, self.host_s[sampled])
+        switch_s = self.learned.switch_frac * curve[1]
+        k = choose_prefix(cal.table(), *args, curve, self.host_s[sampled], switch_s)
         return passes_min_score(scores, k, self.min_score)
 
     def observe(self, step: Step) -> int:
@@ -240,6 +247,8 @@ class CostAwareSizer:
     def finish(self) -> None:
         """Write the learnt curve back to the cost file (for "auto" costs), at most every
         `KEEP_EVERY_S` and after `KEEP_AFTER_FORWARDS` new forwards."""
+        if self.learned is not None:
+            self.learned.gap()  # the next request's prompt runs before its first step
         if not self.keeps_file or self.learned is None or not self.learned.prior.key:
             return
         n, at = self._kept_at

@@ -108,15 +108,21 @@ pub fn expected_lengths(
 }
 
 /// How many of the draft's first nodes to verify: the k maximising
-/// (1 + expected[k - 1]) / (costs[k + 1] + host_s), k = 0 (the root alone) included, the
-/// first maximum on ties (`lookahead.sizing.choose_nodes`).
-pub fn choose_nodes(expected: &[f64], costs: &[f64], host_s: f64) -> usize {
+/// (1 + expected[k - 1]) / (costs[k + 1] + host_s + (switch_s if k > 0)), k = 0 (the root
+/// alone) included, the first maximum on ties (`lookahead.sizing.choose_nodes`).
+pub fn choose_nodes(expected: &[f64], costs: &[f64], host_s: f64, switch_s: f64) -> usize {
     let k_max = expected.len().min(costs.len().saturating_sub(2));
     if k_max == 0 {
         return 0;
     }
-    let rate =
-        |k: usize| (1.0 + if k == 0 { 0.0 } else { expected[k - 1] }) / (costs[k + 1] + host_s);
+    let rate = |k: usize| {
+        let (gain, extra) = if k == 0 {
+            (1.0, 0.0)
+        } else {
+            (1.0 + expected[k - 1], switch_s)
+        };
+        gain / (costs[k + 1] + host_s + extra)
+    };
     // numpy's argmax: the first maximum, or the first NaN where there is one.
     let (mut best, mut best_rate) = (0, rate(0));
     if best_rate.is_nan() {
@@ -187,13 +193,15 @@ mod tests {
     #[test]
     fn choice_matches_the_rule() {
         let flat = [f64::NAN, 1.0, 1.0, 1.0, 1.0];
-        assert_eq!(choose_nodes(&[0.5, 1.0, 1.5], &flat, 0.0), 3);
+        assert_eq!(choose_nodes(&[0.5, 1.0, 1.5], &flat, 0.0, 0.0), 3);
+        // What a draft adds to the next forward: the same draft no longer pays.
+        assert_eq!(choose_nodes(&[0.5, 1.0, 1.5], &flat, 0.0, 2.0), 0);
         let steep = [f64::NAN, 1.0, 2.0, 3.0, 4.0];
-        assert_eq!(choose_nodes(&[0.9, 1.7, 2.4], &steep, 0.0), 0); // ties and worse: root
-        assert_eq!(choose_nodes(&[0.99, 1.98, 2.97], &steep, 0.0), 0);
-        assert_eq!(choose_nodes(&[0.99, 1.98, 2.97], &steep, 5.0), 3);
-        assert_eq!(choose_nodes(&[], &steep, 0.0), 0);
+        assert_eq!(choose_nodes(&[0.9, 1.7, 2.4], &steep, 0.0, 0.0), 0); // ties and worse: root
+        assert_eq!(choose_nodes(&[0.99, 1.98, 2.97], &steep, 0.0, 0.0), 0);
+        assert_eq!(choose_nodes(&[0.99, 1.98, 2.97], &steep, 5.0, 0.0), 3);
+        assert_eq!(choose_nodes(&[], &steep, 0.0, 0.0), 0);
         let ones: Vec<f64> = (1..=10).map(f64::from).collect();
-        assert_eq!(choose_nodes(&ones, &flat, 0.0), 3); // no wider than the curve
+        assert_eq!(choose_nodes(&ones, &flat, 0.0, 0.0), 3); // no wider than the curve
     }
 }

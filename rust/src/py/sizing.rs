@@ -54,7 +54,8 @@ pub fn expected_lengths<'py>(
 
 /// How many of the draft's nodes to verify (`lookahead.sizing.choose_nodes` over
 /// `expected_lengths`): `costs` the forward's seconds by rows (index 0 unused), `host_s` the
-/// step's other seconds.
+/// step's other seconds, `switch_s` what verifying any draft adds besides (to the next
+/// forward).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn choose_prefix<'py>(
@@ -67,6 +68,7 @@ pub fn choose_prefix<'py>(
     matched: PyReadonlyArray1<'py, u8>,
     costs: PyReadonlyArray1<'py, f64>,
     host_s: f64,
+    switch_s: f64,
 ) -> PyResult<usize> {
     let d = Draft {
         table: ChanceTable {
@@ -82,7 +84,7 @@ pub fn choose_prefix<'py>(
     py.detach(|| {
         let mut out = Vec::with_capacity(d.scores.len());
         expected(&d, &mut out)?;
-        Ok(sizing::choose_nodes(&out, costs, host_s))
+        Ok(sizing::choose_nodes(&out, costs, host_s, switch_s))
     })
     .map_err(|e| to_pyerr(py, e))
 }
