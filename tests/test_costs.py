@@ -183,8 +183,7 @@ def test_the_cores_cut_is_the_python_rule(draft, host_s, switch_s):
     costs = curve(lambda r: 1.0 + 0.3 * (r - 1) + (0.5 if r % 4 == 0 else 0.0))
     if seed % 3 == 0:
         costs = curve(lambda r: 1.0 + 0.9 * (r > 1) + 0.45 * max(r - 2, 0))  # Q4_1-like
-    args = cal.native_args(scores, parents, matched)
-    got = choose_prefix(cal.table(), *args, costs, host_s, switch_s)
+    got = choose_prefix(cal.native_args(scores, parents, matched), costs, host_s, switch_s)
     assert got == choose_nodes(ref, costs, host_s, switch_s)
 
 
@@ -196,7 +195,7 @@ def test_the_cores_cut_refuses_bad_drafts():
     cal = AcceptanceCalibration()
     t, c = cal.table(), curve(lambda r: float(r))
     ok = (np.array([0.5, 0.2]), np.array([0, 1], dtype=np.int32), np.zeros(2, dtype=np.uint8))
-    assert choose_prefix(t, BAND_EDGES, MATCH_EDGES, *ok, c, 0.0, 0.0) == 0
+    assert choose_prefix((t, BAND_EDGES, MATCH_EDGES, *ok), c, 0.0, 0.0) == 0
     bad = [
         (np.array([0.5, 0.2]), np.array([0, 2], dtype=np.int32)),  # a parent after its child
         (np.array([0.5, 0.2]), np.array([-1, 0], dtype=np.int32)),
@@ -205,13 +204,13 @@ def test_the_cores_cut_refuses_bad_drafts():
     ]
     for scores, parents in bad:
         with pytest.raises(InvalidInput):
-            expected_lengths(t, BAND_EDGES, MATCH_EDGES, scores, parents, np.zeros(2, np.uint8))
+            expected_lengths((t, BAND_EDGES, MATCH_EDGES, scores, parents, np.zeros(2, np.uint8)))
     with pytest.raises(InvalidInput, match="table"):
-        expected_lengths(np.ascontiguousarray(t[:, :-1]), BAND_EDGES, MATCH_EDGES, *ok)
+        expected_lengths((np.ascontiguousarray(t[:, :-1]), BAND_EDGES, MATCH_EDGES, *ok))
     with pytest.raises(InvalidInput, match="ascending"):
-        expected_lengths(t, BAND_EDGES[::-1].copy(), MATCH_EDGES, *ok)
+        expected_lengths((t, BAND_EDGES[::-1].copy(), MATCH_EDGES, *ok))
     with pytest.raises(TypeError):  # numpy's dtype is checked, not converted, by the core
-        expected_lengths(t, BAND_EDGES, MATCH_EDGES, ok[0].astype(np.float32), *ok[1:])
+        expected_lengths((t, BAND_EDGES, MATCH_EDGES, ok[0].astype(np.float32), *ok[1:]))
 
 
 def test_calibration_follows_a_change_of_workload():

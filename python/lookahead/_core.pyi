@@ -162,23 +162,19 @@ def _panic_for_test() -> None: ...
 def _time_index(tokens: _U32, max_depth: int) -> tuple[int, int, int]: ...
 def _time_compaction(tokens: _U32, max_depth: int) -> tuple[int, int, int]: ...
 
-# The cost-aware sizer's per-step arithmetic (`lookahead.calibration`, `lookahead.sizing`).
-def expected_lengths(
-    chances: npt.NDArray[np.float64],
-    bands: npt.NDArray[np.float64],
-    groups: npt.NDArray[np.int64],
-    scores: npt.NDArray[np.float64],
-    parents: npt.NDArray[np.int32],
-    matched: npt.NDArray[np.uint8],
-) -> npt.NDArray[np.float64]: ...
+# The cost-aware sizer's per-step arithmetic (`lookahead.calibration`, `lookahead.sizing`):
+# `draft` is (chances, bands, groups, scores, parents, matched),
+# `AcceptanceCalibration.native_args`.
+_DraftArrays = tuple[
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.int32],
+    npt.NDArray[np.uint8],
+]
+
+def expected_lengths(draft: _DraftArrays) -> npt.NDArray[np.float64]: ...
 def choose_prefix(
-    chances: npt.NDArray[np.float64],
-    bands: npt.NDArray[np.float64],
-    groups: npt.NDArray[np.int64],
-    scores: npt.NDArray[np.float64],
-    parents: npt.NDArray[np.int32],
-    matched: npt.NDArray[np.uint8],
-    costs: npt.NDArray[np.float64],
-    host_s: float,
-    switch_s: float,
+    draft: _DraftArrays, costs: npt.NDArray[np.float64], host_s: float, switch_s: float
 ) -> int: ...

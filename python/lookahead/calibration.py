@@ -145,12 +145,14 @@ class AcceptanceCalibration:
         (better) siblings took theirs: one path is accepted, so siblings' chances add up to at
         most their parent's. (The core's `expected_lengths`: a Python pass over ~32 nodes
         took 40-50 us a step.)"""
-        return expected_lengths(self.table(), *self.native_args(scores, parents, matched))
+        return expected_lengths(self.native_args(scores, parents, matched))
 
     def native_args(self, scores, parents, matched) -> tuple:
-        """(bands, groups, scores, parents, matched) as the core's `expected_lengths` and
-        `choose_prefix` take them (arrays already of the right type pass through)."""
+        """(table, bands, groups, scores, parents, matched): the draft and the table as the
+        core's `expected_lengths` and `choose_prefix` take them (arrays already of the right
+        type pass through)."""
         return (
+            self.table(),
             self.edges,
             MATCH_EDGES,
             np.ascontiguousarray(scores, dtype=np.float64),

@@ -230,9 +230,9 @@ class CostAwareSizer:
         # `choose_nodes` over the calibration's `expected`, in one call of the core.
         cal = self.calibration[sampled]
         curve = self.learned.curve(context_len)
-        args = cal.native_args(scores, parents, matched)
+        draft = cal.native_args(scores, parents, matched)
         switch_s = self.learned.switch_frac * curve[1]
-        k = choose_prefix(cal.table(), *args, curve, self.host_s[sampled], switch_s)
+        k = choose_prefix(draft, curve, self.host_s[sampled], switch_s)
         return passes_min_score(scores, k, self.min_score)
 
     def observe(self, step: Step) -> int:

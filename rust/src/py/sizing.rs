@@ -8,12 +8,41 @@ use super::errors::to_pyerr;
 use crate::error::Result;
 use crate::sizing::{self, ChanceTable};
 
-/// The arrays of one call, borrowed from numpy (C-contiguous, else TypeError from numpy).
+/// A draft and the chance table it is read against, as Python passes them in one tuple
+/// (`AcceptanceCalibration.native_args`): `chances` [groups, bands] float64, `bands` float64
+/// and `groups` int64 lower edges, `scores` float64, `parents` int32 (0 the root, j node
+/// j - 1), `matched` uint8, each C-contiguous (else TypeError from numpy).
+#[derive(FromPyObject)]
+pub struct DraftArrays<'py>(
+    PyReadonlyArray2<'py, f64>,
+    PyReadonlyArray1<'py, f64>,
+    PyReadonlyArray1<'py, i64>,
+    PyReadonlyArray1<'py, f64>,
+    PyReadonlyArray1<'py, i32>,
+    PyReadonlyArray1<'py, u8>,
+);
+
+/// The same arrays as slices.
 struct Draft<'a> {
     table: ChanceTable<'a>,
     scores: &'a [f64],
     parents: &'a [i32],
     matched: &'a [u8],
+}
+
+impl DraftArrays<'_> {
+    fn slices(&self) -> PyResult<Draft<'_>> {
+        Ok(Draft {
+            table: ChanceTable {
+                chances: self.0.as_slice()?,
+                bands: self.1.as_slice()?,
+                groups: self.2.as_slice()?,
+            },
+            scores: self.3.as_slice()?,
+            parents: self.4.as_slice()?,
+            matched: self.5.as_slice()?,
+        })
+    }
 }
 
 fn expected(d: &Draft<'_>, out: &mut Vec<f64>) -> Result<()> {
@@ -22,30 +51,14 @@ fn expected(d: &Draft<'_>, out: &mut Vec<f64>) -> Result<()> {
 }
 
 /// Expected accepted length of each best-first prefix of a draft without its root
-/// (`AcceptanceCalibration.expected`): `chances` [groups, bands] float64, `bands` float64 and
-/// `groups` int64 lower edges, `scores` float64, `parents` int32 (0 the root, j node j - 1),
-/// `matched` uint8. InvalidInput on a bad shape or a parent after its child.
+/// (`AcceptanceCalibration.expected`). InvalidInput on a bad shape or a parent after its
+/// child.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 pub fn expected_lengths<'py>(
     py: Python<'py>,
-    chances: PyReadonlyArray2<'py, f64>,
-    bands: PyReadonlyArray1<'py, f64>,
-    groups: PyReadonlyArray1<'py, i64>,
-    scores: PyReadonlyArray1<'py, f64>,
-    parents: PyReadonlyArray1<'py, i32>,
-    matched: PyReadonlyArray1<'py, u8>,
+    draft: DraftArrays<'py>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
-    let d = Draft {
-        table: ChanceTable {
-            chances: chances.as_slice()?,
-            bands: bands.as_slice()?,
-            groups: groups.as_slice()?,
-        },
-        scores: scores.as_slice()?,
-        parents: parents.as_slice()?,
-        matched: matched.as_slice()?,
-    };
+    let d = draft.slices()?;
     let mut out = Vec::new();
     py.detach(|| expected(&d, &mut out))
         .map_err(|e| to_pyerr(py, e))?;
@@ -57,29 +70,14 @@ pub fn expected_lengths<'py>(
 /// step's other seconds, `switch_s` what verifying any draft adds besides (to the next
 /// forward).
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 pub fn choose_prefix<'py>(
     py: Python<'py>,
-    chances: PyReadonlyArray2<'py, f64>,
-    bands: PyReadonlyArray1<'py, f64>,
-    groups: PyReadonlyArray1<'py, i64>,
-    scores: PyReadonlyArray1<'py, f64>,
-    parents: PyReadonlyArray1<'py, i32>,
-    matched: PyReadonlyArray1<'py, u8>,
+    draft: DraftArrays<'py>,
     costs: PyReadonlyArray1<'py, f64>,
     host_s: f64,
     switch_s: f64,
 ) -> PyResult<usize> {
-    let d = Draft {
-        table: ChanceTable {
-            chances: chances.as_slice()?,
-            bands: bands.as_slice()?,
-            groups: groups.as_slice()?,
-        },
-        scores: scores.as_slice()?,
-        parents: parents.as_slice()?,
-        matched: matched.as_slice()?,
-    };
+    let d = draft.slices()?;
     let costs = costs.as_slice()?;
     py.detach(|| {
         let mut out = Vec::with_capacity(d.scores.len());
