@@ -25,7 +25,10 @@ measures what such a run can resolve, from the runs' own numbers (no new timing)
   measured overall lead, the chance of 5 of 6 head to head; then, per category over all the
   runs given, lookahead's mean log lead over each run's best speculator overall, as measured
   and with each method against plain decoding in its own kind of process (the per-run
-  offset out): what many runs say of the true standing, beyond any one run's noise.
+  offset out): what many runs say of the true standing, beyond any one run's noise; and
+  per category what a drafted row costs (its share of a plain step) and returns (tokens per
+  such row), for lookahead and for each run's best speculator: a row pays only where it
+  returns more tokens than its share.
 """
 
 from __future__ import annotations
@@ -97,6 +100,22 @@ def category_leads(result: dict) -> dict:
         own = lead - math.log(ms["plain (engine)"]["tps"] / ms["plain"]["tps"])
         out.setdefault(spec_bench_category(r["category"]), []).append((lead, own))
     return out
+
+
+def economics(result: dict, into: dict) -> None:
+    """Adds up, per category, (decode seconds, tokens, steps, rows) of lookahead, the engine's
+    plain decoding, the run's best speculator overall and plain `llama-server`."""
+    overall = {x["method"]: x["tps"] for x in summarize(result) if x["category"] == "overall"}
+    best = max(speculators(overall), key=overall.get)
+    for r in result["rows"]:
+        cat = spec_bench_category(r["category"])
+        for name, m in (("lookahead", "lookahead"), ("plain (engine)", "plain (engine)"),
+                        ("best speculator", best), ("plain", "plain")):  # fmt: skip
+            x = r["methods"][m]
+            steps = x.get("steps", x["n"] - x.get("accepted", 0))
+            got = into.setdefault((cat, name), [0.0, 0, 0, 0])
+            for i, v in enumerate((x["decode_s"], x["n"], steps, steps + x.get("drafted", 0))):
+                got[i] += v
 
 
 def p_at_least(p: float, n: int = CATEGORIES, k: int = NEED) -> float:
@@ -190,8 +209,10 @@ def main(argv: list[str]) -> int:
         print(f"{n:>16}   " + "   ".join(f"{100 * (math.exp(v) - 1):>13.1f} %" for v in h + b))
     print("\neach run:")
     pooled: dict = {}
+    money: dict = {}
     for name, result in runs:
         print(run_result(name, result, sd))
+        economics(result, money)
         for c, v in category_leads(result).items():
             pooled.setdefault(c, []).extend(v)
     print("\nper category over these runs: lookahead's log lead over the run's best speculator "
@@ -205,6 +226,20 @@ def main(argv: list[str]) -> int:
                 f"{statistics.fmean(xs):+.3f} +- {statistics.stdev(xs) / math.sqrt(len(xs)):.3f}"
             )
         print(f"  {c:<15} {cols[0]}   {cols[1]}   ({len(v)})")
+    print("\nper category over these runs: what a drafted row costs and returns, each method "
+          "against plain decoding in its own kind of process: rows and tokens per step, a row "
+          "beyond the first as a share of a plain step, tokens gained per such row")  # fmt: skip
+    for c in pooled:
+        cells = []
+        for name, plain in (("lookahead", "plain (engine)"), ("best speculator", "plain")):
+            s_, n, steps, rows = money[(c, name)]
+            plain_step = money[(c, plain)][0] / money[(c, plain)][2]
+            extra = rows / steps - 1
+            row = (s_ / steps - plain_step) / plain_step / extra if extra > 0 else math.nan
+            gain = (n / steps - 1) / extra if extra > 0 else math.nan
+            cells.append(f"{name} {rows / steps:.2f} rows {n / steps:.2f} tok/step, a row "
+                         f"{row:.2f} of a step for {gain:.2f} tokens")  # fmt: skip
+        print(f"  {c:<15} " + ";  ".join(cells))
     return 0
 
 
