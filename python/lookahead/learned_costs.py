@@ -17,7 +17,7 @@ learnt is folded back into a `CostModel` (`as_cost_model`) that the next run sta
 With `switches`, a one-row forward right after a wider one is kept apart: it costs more than
 one after a one-row forward (llama.cpp reuses its last compute graph only for a batch of the
 same shape: measured on the default model's Q4_1 / Q4_0 files after 700 tokens, 2 threads,
-+0.4-0.8 / +0.9 ms on 12 / 8 ms, `research/llamacpp_switch_cost.py`), and that excess is a
++0.62 / +0.63 ms on 9.6 / 8.7 ms, `research/llamacpp_switch_cost.py`), and that excess is a
 cost of the draft before it, which `switch_frac` reports (as a fraction of a one-row
 forward) for the sizer to weigh; in the one-row median it would have looked like a dearer
 root-only step instead.
