@@ -167,6 +167,13 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
             "learned_costs": learned.to_json() if learned else None}  # fmt: skip
 
 
+def steps_of(run: dict) -> int:
+    """One method's verify steps on one prompt: the engine's own count, else (a server) its
+    tokens less the drafted ones it accepted (each step emits one token more than it
+    accepts)."""
+    return run["steps"] if "steps" in run else run["n"] - run.get("accepted", 0)
+
+
 def summarize(result: dict) -> list[dict]:
     """Per category (and overall) and method: mean tok/s, median ratio to plain, steps."""
     out = []
@@ -181,7 +188,7 @@ def summarize(result: dict) -> list[dict]:
         for m in methods:
             ms = [r["methods"][m] for r in rs]
             plain = [r["methods"]["plain"]["tps"] for r in rs]
-            steps = [x["steps"] if "steps" in x else x["n"] - x.get("accepted", 0) for x in ms]
+            steps = [steps_of(x) for x in ms]
             row = {"category": cat, "method": m, "prompts": len(rs),
                    "tps": statistics.fmean(x["tps"] for x in ms),
                    "median_vs_plain": statistics.median(x["tps"] / p for x, p in zip(ms, plain)),

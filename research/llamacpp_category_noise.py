@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness import run_script
-from benchmarks.llamacpp import summarize
+from benchmarks.llamacpp import steps_of, summarize
 from benchmarks.traces import spec_bench_category
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -112,7 +112,7 @@ def economics(result: dict, into: dict) -> None:
         for name, m in (("lookahead", "lookahead"), ("plain (engine)", "plain (engine)"),
                         ("best speculator", best), ("plain", "plain")):  # fmt: skip
             x = r["methods"][m]
-            steps = x.get("steps", x["n"] - x.get("accepted", 0))
+            steps = steps_of(x)
             got = into.setdefault((cat, name), [0.0, 0, 0, 0])
             for i, v in enumerate((x["decode_s"], x["n"], steps, steps + x.get("drafted", 0))):
                 got[i] += v
