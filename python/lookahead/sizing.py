@@ -10,7 +10,9 @@ forward cost and what it accepted. Two policies implement it:
   second, from each node's chance of acceptance (`lookahead.calibration`, learnt from the
   verify results) and what a forward of so many rows costs on this machine (a start-up
   measurement, `lookahead.costs`, corrected by every forward the engine runs,
-  `lookahead.learned_costs`, and kept for the next run).
+  `lookahead.learned_costs`, and kept for the next run), plus what a draft adds to the
+  one-row forward after it (`LearnedCosts.switch_frac`: llama.cpp builds a new graph there).
+  The arithmetic of each cut runs in the Rust core (`lookahead._core.choose_prefix`).
 - `FixedSizer`: `budget` nodes, `max_budget` after a step that accepted `deep_accept` or more
   (a request that is copying gets the wider tree while it lasts); the shorthand
   `LookaheadGenerator(budget=...)` builds one.
@@ -245,8 +247,10 @@ class CostAwareSizer:
         return learn(cal, step.drafted, step.rows, step.path, step.emitted, step.sampled)
 
     def finish(self) -> None:
-        """Write the learnt curve back to the cost file (for "auto" costs), at most every
-        `KEEP_EVERY_S` and after `KEEP_AFTER_FORWARDS` new forwards."""
+        """Mark the request's end in the learnt costs (the next request's first forward
+        follows its prompt, not a measured forward) and write the learnt curve back to the
+        cost file (for "auto" costs), at most every `KEEP_EVERY_S` and after
+        `KEEP_AFTER_FORWARDS` new forwards."""
         if self.learned is not None:
             self.learned.gap()  # the next request's prompt runs before its first step
         if not self.keeps_file or self.learned is None or not self.learned.prior.key:
