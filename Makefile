@@ -6,7 +6,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 .PHONY: help
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 .PHONY: install
 install: wheel  ## build the release wheel and install it with the HF engine (torch, transformers)
@@ -95,8 +95,8 @@ llamacpp:  ## the llama.cpp engine's llama-cpp-python 0.3.36, built from source 
 		$(PIP) install --no-deps --no-build-isolation --force-reinstall --no-cache-dir \
 		-r requirements/llamacpp.txt
 
-.PHONY: llama-server
-llama-server:  ## llama.cpp's llama-server, llama-bench, llama-quantize from the pinned llama-cpp-python sdist (benchmark peers, not shipped; ~10 min)
+.PHONY: llama-src
+llama-src:  # the pinned llama-cpp-python sdist's llama.cpp source, fetched from PyPI and unpacked
 	$(PIP) install ninja==1.13.2 cmake==4.4.5 scikit-build-core==0.12.2
 	mkdir -p target/llama-server-src
 	cd target/llama-server-src && ls llama_cpp_python-*.tar.gz >/dev/null 2>&1 || \
@@ -104,14 +104,32 @@ llama-server:  ## llama.cpp's llama-server, llama-bench, llama-quantize from the
 		"$$(grep -E '^llama-cpp-python==' ../../requirements/llamacpp.txt)"
 	cd target/llama-server-src && ls -d llama_cpp_python-*/ >/dev/null 2>&1 || \
 		tar xzf llama_cpp_python-*.tar.gz
-	# No network at build time: no curl, no prebuilt web UI.
-	PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" && \
-		cmake -S target/llama-server-src/llama_cpp_python-*/vendor/llama.cpp \
-		-B target/llama-server-src/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-		-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DGGML_NATIVE=ON \
+
+# cmake over that source with PY's own cmake and ninja; no network at build time: no curl, no
+# prebuilt web UI. The build folder and the CPU options follow.
+LLAMA_CMAKE = PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" && \
+	cmake -S target/llama-server-src/llama_cpp_python-*/vendor/llama.cpp -G Ninja \
+	-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
+
+.PHONY: llama-server
+llama-server: llama-src  ## llama.cpp's llama-server, llama-bench, llama-quantize from the pinned llama-cpp-python sdist (benchmark peers, not shipped; ~10 min)
+	$(LLAMA_CMAKE) -B target/llama-server-src/build -DGGML_NATIVE=ON \
 		-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)" && \
 		ninja -C target/llama-server-src/build llama-server llama-bench llama-quantize
+
+# An AVX2-only CPU's kernels on an AVX512 one: the same source built for AVX2, FMA, F16C and
+# BMI2 only, libllama included, so that the engine runs on it too (llama-cpp-python loads
+# libllama from $$LLAMA_CPP_LIB_PATH). BENCHMARKS.md section 7.6 compares its cost curve with an
+# AVX2-only EPYC's before trusting it.
+LLAMA_AVX2 = target/llama-avx2
+
+.PHONY: llama-avx2
+llama-avx2: llama-src  ## libllama, llama-server, llama-bench for AVX2 only, in target/llama-avx2/bin (benchmarks; ~8 min)
+	$(LLAMA_CMAKE) -B $(LLAMA_AVX2) -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_AVX=ON \
+		-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF \
+		-DGGML_AVX_VNNI=OFF && \
+		ninja -C $(LLAMA_AVX2) llama llama-server llama-bench
 
 .PHONY: bench-llamacpp
 bench-llamacpp: llama-server  ## llama.cpp plain and its n-gram speculators against lookahead on llama.cpp (Spec-Bench)
