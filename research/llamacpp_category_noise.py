@@ -61,6 +61,12 @@ def speculators(methods) -> list[str]:
     return [m for m in methods if m.startswith("ngram")]
 
 
+def best_speculator(summary: list[dict]) -> str:
+    """The speculator with the most mean tok/s overall in a run's `summarize`."""
+    overall = {x["method"]: x["tps"] for x in summary if x["category"] == "overall"}
+    return max(speculators(overall), key=overall.get)
+
+
 def noise_pairs(result: dict) -> tuple[list, list]:
     """log(tok/s) differences of plain decoding measured twice on one prompt: (a speculator
     that drafted nothing there against plain `llama-server`; plain `llama-server` against the
@@ -87,12 +93,10 @@ def offset_sd(groups: list[list[float]]) -> tuple[float, float, float]:
     return math.sqrt(between), math.sqrt(sampling), math.sqrt(max(between - sampling, 0.0))
 
 
-def category_leads(result: dict) -> dict:
-    """{category: [(log(lookahead / the best speculator overall), the same with each against
-    plain decoding in its own kind of process: lookahead over the engine's plain decoding,
-    the speculator over plain `llama-server`) per prompt]}."""
-    overall = {x["method"]: x["tps"] for x in summarize(result) if x["category"] == "overall"}
-    best = max(speculators(overall), key=overall.get)
+def category_leads(result: dict, best: str) -> dict:
+    """{category: [(log(lookahead / `best`, the run's best speculator overall), the same with
+    each against plain decoding in its own kind of process: lookahead over the engine's plain
+    decoding, the speculator over plain `llama-server`) per prompt]}."""
     out: dict = {}
     for r in result["rows"]:
         ms = r["methods"]
@@ -102,11 +106,9 @@ def category_leads(result: dict) -> dict:
     return out
 
 
-def economics(result: dict, into: dict) -> None:
+def economics(result: dict, best: str, into: dict) -> None:
     """Adds up, per category, (decode seconds, tokens, steps, rows) of lookahead, the engine's
-    plain decoding, the run's best speculator overall and plain `llama-server`."""
-    overall = {x["method"]: x["tps"] for x in summarize(result) if x["category"] == "overall"}
-    best = max(speculators(overall), key=overall.get)
+    plain decoding, `best` (the run's best speculator overall) and plain `llama-server`."""
     for r in result["rows"]:
         cat = spec_bench_category(r["category"])
         for name, m in (("lookahead", "lookahead"), ("plain (engine)", "plain (engine)"),
@@ -150,13 +152,12 @@ def needed(f, target: float) -> float:
     return hi
 
 
-def run_result(name: str, result: dict, sd_pair: float) -> str:
-    s = summarize(result)
+def run_result(name: str, result: dict, s: list[dict], best: str, sd_pair: float) -> str:
+    """One run's line: `s` its `summarize`, `best` its best speculator overall."""
     table: dict = {}
     for x in s:
         table.setdefault(x["category"], {})[x["method"]] = x["tps"]
     overall = table.pop("overall")
-    best = max(speculators(overall), key=overall.get)
     la = overall["lookahead"]
     n = min(x["prompts"] for x in s if x["category"] != "overall")
     h2h = [c for c, t in table.items() if t["lookahead"] > t[best]]
@@ -211,9 +212,11 @@ def main(argv: list[str]) -> int:
     pooled: dict = {}
     money: dict = {}
     for name, result in runs:
-        print(run_result(name, result, sd))
-        economics(result, money)
-        for c, v in category_leads(result).items():
+        summary = summarize(result)
+        best = best_speculator(summary)
+        print(run_result(name, result, summary, best, sd))
+        economics(result, best, money)
+        for c, v in category_leads(result, best).items():
             pooled.setdefault(c, []).extend(v)
     print("\nper category over these runs: lookahead's log lead over the run's best speculator "
           "overall, mean +- standard error (prompts); then each against its own process's plain "
