@@ -96,7 +96,7 @@ llamacpp:  ## the llama.cpp engine's llama-cpp-python 0.3.36, built from source 
 		-r requirements/llamacpp.txt
 
 .PHONY: llama-src
-llama-src:  # the pinned llama-cpp-python sdist's llama.cpp source, fetched from PyPI and unpacked
+llama-src:  # the build tools, and the pinned llama-cpp-python sdist's llama.cpp source from PyPI
 	$(PIP) install ninja==1.13.2 cmake==4.4.5 scikit-build-core==0.12.2
 	mkdir -p target/llama-server-src
 	cd target/llama-server-src && ls llama_cpp_python-*.tar.gz >/dev/null 2>&1 || \
@@ -107,8 +107,8 @@ llama-src:  # the pinned llama-cpp-python sdist's llama.cpp source, fetched from
 
 # cmake over that source with PY's own cmake and ninja; no network at build time: no curl, no
 # prebuilt web UI. The build folder and the CPU options follow.
-LLAMA_CMAKE = PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" && \
-	cmake -S target/llama-server-src/llama_cpp_python-*/vendor/llama.cpp -G Ninja \
+LLAMA_CMAKE = PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$$PATH" \
+	&& cmake -S target/llama-server-src/llama_cpp_python-*/vendor/llama.cpp -G Ninja \
 	-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
 	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
 
@@ -120,8 +120,8 @@ llama-server: llama-src  ## llama.cpp's llama-server, llama-bench, llama-quantiz
 
 # An AVX2-only CPU's kernels on an AVX512 one: the same source built for AVX2, FMA, F16C and
 # BMI2 only, libllama included, so that the engine runs on it too (llama-cpp-python loads
-# libllama from the folder in LLAMA_CPP_LIB_PATH). BENCHMARKS.md section 7.6 compares its cost curve with an
-# AVX2-only EPYC's before trusting it.
+# libllama from the folder in LLAMA_CPP_LIB_PATH). BENCHMARKS.md section 7.6 compares its
+# cost curve with an AVX2-only EPYC's before trusting it.
 LLAMA_AVX2 = target/llama-avx2
 
 .PHONY: llama-avx2
