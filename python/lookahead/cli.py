@@ -59,7 +59,7 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         "runs a 512-token prompt and 128 forwards (3 in 4 of 1 row, 1 in 4 of 4 rows) sooner "
         "on this CPU (on unless off is 3 %% sooner), timed in contexts of the engine's size at "
         "the first load of a GGUF file, "
-        "2-5 s on the default model, and kept for later loads (`calibrate` times it again); "
+        "2-7 s on the default model, and kept for later loads (`calibrate` times it again); "
         "off is expected to win on a Xeon, where its kernel makes each row of a verify forward "
         "cost nearly a full row at long contexts; on decoded 1.05-1.14x faster on an AVX512 "
         "EPYC; auto is llama.cpp's default, on: BENCHMARKS.md section 7)",

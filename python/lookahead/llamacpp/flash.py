@@ -11,10 +11,10 @@ setting whose workload (that prompt, then `STEPS` forwards, `WIDTH_SHARE` of eac
 sooner, on unless off is `OFF_MARGIN` sooner. The contexts' size matters: with flash attention
 off, llama.cpp keeps V transposed, rows as long as the context, and in a context of 517 tokens
 the EPYC's one-row forwards timed on/off 0.98-1.00 on the Q4_0 file where the engine's
-4096-token context gave 0.91-0.93 and plain decoding 0.88. About 2-5 s on the default model's
-files (2 threads, AVX512 EPYC), at the first load of a GGUF file, and memory for two more KV
-caches of the engine's size while it runs: the choice is kept on disk beside the cost curves
-(`load_or_time`, keyed by the file, threads, CPU and llama.cpp build, as
+4096-token context gave 0.91-0.93 and plain decoding 0.88. About 2-7 s on the default model's
+files (2 threads, EPYC, AVX512 or AVX2 kernels), at the first load of a GGUF file, and memory
+for two more KV caches of the engine's size while it runs: the choice is kept on disk beside the
+cost curves (`load_or_time`, keyed by the file, threads, CPU and llama.cpp build, as
 `lookahead.llamacpp.costs.engine_key`), and `lookahead calibrate --engine llamacpp` times it
 again; `--flash-attn off|on` skips it.
 """
