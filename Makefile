@@ -120,7 +120,7 @@ llama-server: llama-src  ## llama.cpp's llama-server, llama-bench, llama-quantiz
 
 # An AVX2-only CPU's kernels on an AVX512 one: the same source built for AVX2, FMA, F16C and
 # BMI2 only, libllama included, so that the engine runs on it too (llama-cpp-python loads
-# libllama from the folder in LLAMA_CPP_LIB_PATH). BENCHMARKS.md section 7.6 compares its
+# libllama from the folder in LLAMA_CPP_LIB_PATH). BENCHMARKS.md section 7.2 compares its
 # cost curve with an AVX2-only EPYC's before trusting it.
 LLAMA_AVX2 = target/llama-avx2
 

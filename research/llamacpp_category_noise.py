@@ -46,7 +46,7 @@ from benchmarks.llamacpp import steps_of, summarize
 from benchmarks.traces import spec_bench_category
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-# The committed runs on AMD EPYC VMs (2026-12-06 and 07; BENCHMARKS.md sections 7-7.5), not the
+# The committed runs on AMD EPYC VMs (2026-12-06 and 07; BENCHMARKS.md section 7.4), not the
 # Xeon's or the AVX2-held build's.
 DEFAULT_FILES = ("llamacpp.json", "llamacpp_fa_auto.json", "llamacpp_fa_auto_36.json",
                  "llamacpp_fastest.json", "llamacpp_evening.json", "llamacpp_evening_fa_on.json",

@@ -6,8 +6,8 @@
 Writes a random-weight llama-architecture GGUF in the shape of each SmolLM2 size (F16, then
 `llama-quantize` to `--quant`; random weights decode nonsense, but a forward's cost depends
 on the shapes alone), and prints `llama-bench -p W -n 0`'s time of W rows relative to one
-row, at each thread count. On the default 135M model a second Q4_1 row costs 1.6-1.8x the
-first with 2 threads (BENCHMARKS.md section 7), so only near-certain drafts pay; a model
+row, at each thread count. On the default 135M model a second Q4_1 row costs 1.55-2.3x the
+first with 2 threads (BENCHMARKS.md section 7.2), so only near-certain drafts pay; a model
 whose weights stream from memory instead of the cache should batch rows nearly for free.
 The files go to `benchmarks/out/gguf/random-*` (1.7B: 3.4 GB in F16, ~1 GB in Q4_1).
 """

@@ -5,8 +5,9 @@ Replays the recorded traces (the default model's greedy Spec-Bench outputs) thro
 accepted (so whether the target follows the node is known) counts how often it does, by the
 node's conditional score (its path score over its parent's) and by its `Draft.matched` (the
 length of the n-gram it continues). Then models the engine's speed under llama.cpp's cost
-curves (the learnt ones of BENCHMARKS.md, section 7) with the shipped calibration, once with
-`matched` and once with it zeroed (the same model without the match length).
+curves (the learnt ones in BENCHMARKS.md section 7 as of 5d74331, 2026-12-04) with the shipped
+calibration, once with `matched` and once with it zeroed (the same model without the match
+length).
 
     python -m research.match_length [TRACES]
 """
@@ -28,8 +29,8 @@ from benchmarks.traces import DEFAULT_OUT, read_traces
 BUDGET = 32
 BANDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.01)
 GROUPS = ("0", "1", "2-3", "4-6", "7+")
-# Forward ms by rows, llama.cpp on 2 threads of a 2 vCPU AMD EPYC (BENCHMARKS.md, section 7:
-# the engine's learnt curves); a step also pays the engine's ~0.45 ms of host time.
+# Forward ms by rows, llama.cpp on 2 threads of a 2 vCPU AMD EPYC (BENCHMARKS.md section 7 as
+# of 5d74331: the engine's learnt curves); a step also pays the engine's ~0.45 ms of host time.
 CURVES = {
     "Q4_1": {1: 10.0, 2: 21.7, 3: 26.2, 4: 34.3, 8: 52.4, 16: 94.6},
     "Q4_0": {1: 7.7, 2: 12.55, 3: 15.9, 4: 17.4, 8: 25.2, 16: 37.5},

@@ -62,7 +62,7 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         "2-7 s on the default model, and kept for later loads (`calibrate` times it again); "
         "off is expected to win on a Xeon, where its kernel makes each row of a verify forward "
         "cost nearly a full row at long contexts; on decoded 1.05-1.14x faster on an AVX512 "
-        "EPYC; auto is llama.cpp's default, on: BENCHMARKS.md section 7)",
+        "EPYC; auto is llama.cpp's default, on: BENCHMARKS.md section 7.4)",
     )
 
 
@@ -155,9 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SETTING",
         help="with --llama-server: its speculator, one of ngram-mod-short (default: ngram-mod "
-        "with n-match 8 and drafts of 2-8, the best on the demo's rag and summarization prompts "
-        "with the default model, BENCHMARKS.md section 7), ngram-mod, ngram-simple, "
-        "ngram-simple-short (N = M = 4; overall as fast), ngram-map-k, "
+        "with n-match 8 and drafts of 2-8, the fastest overall in most runs with the default "
+        "model, BENCHMARKS.md section 7.4), ngram-mod, ngram-simple, "
+        "ngram-simple-short (N = M = 4; the fastest on F16 in most), ngram-map-k, "
         "ngram-cache",
     )
     demo.add_argument("--plot", default=None, help="write a PNG chart here (matplotlib)")

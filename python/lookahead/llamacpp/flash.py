@@ -1,7 +1,7 @@
 """Which of llama.cpp's flash-attention settings runs this engine's work sooner on this CPU:
 `LlamaCppModel(flash_attn="fastest")`, the default.
 
-Neither setting is right on every CPU (BENCHMARKS.md section 7): on a Xeon with AVX512, ggml's
+Neither setting is right on every CPU (BENCHMARKS.md section 7.4): on a Xeon with AVX512, ggml's
 flash-attention kernel makes each row of a verify forward cost nearly a full row at long
 contexts, and off is faster; on an AVX512 EPYC, on decoded 1.05-1.14x faster than off in the
 loop (research/llamacpp_flash_check.py). So at load the model times, in two one-sequence

@@ -40,7 +40,7 @@ FLASH_ATTN = {"fastest": None, "off": 0, "on": 1, "auto": -1}
 # rows cost nearly a full row each at long contexts (`llama-bench -fa 0,1 -d 768`, Q4_1 default
 # model, 2 threads: one row 13.7 ms off against 21.6 ms on, 8 rows 3.1x one row off against
 # 4.5x on; a 512-token prompt 5 % slower off); on an AVX512 EPYC plain llama.cpp decodes 4-8 %
-# faster with it on. BENCHMARKS.md sections 7-7.2.
+# faster with it on. BENCHMARKS.md section 7.4.
 DEFAULT_FLASH_ATTN = "fastest"
 
 

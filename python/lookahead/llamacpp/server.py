@@ -43,7 +43,7 @@ SETTINGS = {
 }  # fmt: skip
 SPECULATORS = tuple(s for s in SETTINGS if s != "plain")
 # The best on the demo's rag and summarization prompts with the default model's Q4_1 file
-# (BENCHMARKS.md, section 7.1; ngram-simple-short is as fast over all six categories).
+# on a Xeon, and the best overall in most runs since (BENCHMARKS.md, section 7.4).
 DEFAULT_SPECULATOR = "ngram-mod-short"
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
