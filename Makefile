@@ -125,11 +125,11 @@ llama-server: llama-src  ## llama.cpp's llama-server, llama-bench, llama-quantiz
 LLAMA_AVX2 = target/llama-avx2
 
 .PHONY: llama-avx2
-llama-avx2: llama-src  ## libllama, llama-server, llama-bench for AVX2 only, in target/llama-avx2/bin (benchmarks; ~8 min)
+llama-avx2: llama-src  ## libllama, llama-server, llama-bench, llama-quantize for AVX2 only, in target/llama-avx2/bin (benchmarks; ~8 min)
 	$(LLAMA_CMAKE) -B $(LLAMA_AVX2) -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_AVX=ON \
 		-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF \
 		-DGGML_AVX_VNNI=OFF && \
-		ninja -C $(LLAMA_AVX2) llama llama-server llama-bench
+		ninja -C $(LLAMA_AVX2) llama llama-server llama-bench llama-quantize
 
 .PHONY: bench-llamacpp
 bench-llamacpp: llama-server  ## llama.cpp plain and its n-gram speculators against lookahead on llama.cpp (Spec-Bench)
