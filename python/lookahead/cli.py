@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --llama-server: its speculator, one of ngram-mod-short (default: ngram-mod "
         "with n-match 8 and drafts of 2-8, the fastest overall in most runs with the default "
         "model, BENCHMARKS.md section 7.4), ngram-mod, ngram-simple, "
-        "ngram-simple-short (N = M = 4; the fastest on F16 in most), ngram-map-k, "
+        "ngram-simple-short (N = M = 4; the fastest on F16 in most runs), ngram-map-k, "
         "ngram-cache",
     )
     demo.add_argument("--plot", default=None, help="write a PNG chart here (matplotlib)")
