@@ -307,6 +307,46 @@ def test_step_is_extend_then_draft():
         a.step(9, [1])
 
 
+def test_a_bounded_draft_is_the_draft_without_foreign_ids_and_deep_nodes():
+    from tiny_models import bounded
+
+    rng = np.random.default_rng(5)
+    a = LookaheadCache(max_depth=6, background_indexing=False)
+    b = LookaheadCache(max_depth=6, background_indexing=False)
+    # Ids up to 2**32 - 1 (the top bit set) mixed in: a history of another vocabulary.
+    history = rng.choice([1, 2, 3, 4, 5, 2**31 + 7, 2**32 - 1], size=400)
+    prompt = rng.choice([1, 2, 3, 4, 5, 2**32 - 1], size=60)
+    for c in (a, b):
+        c.add_history([history])
+        c.start_request(0, prompt)
+    seen = set()
+    for i in range(300):
+        budget, multi = int(rng.integers(1, 24)), bool(i % 3)
+        vocab = [None, 1, 4, 6, 2**31 + 8, 2**32][i % 6]
+        depth = [None, 0, 1, 2, 5][i % 5]
+        new = rng.choice([1, 2, 3, 2**32 - 1], size=int(rng.integers(0, 4))).tolist()
+        got = a.step(0, new, budget, multi, vocab=vocab, max_depth=depth)
+        b.extend(0, new)
+        full = b.draft(0, budget, multi)
+        want = bounded(full, vocab, depth)
+        for name in ("tokens", "parents", "scores", "matched"):
+            assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+        assert got.num_nodes == want.num_nodes
+        same = b.draft(0, budget, multi, vocab=vocab, max_depth=depth)
+        assert same.tokens.tolist() == got.tokens.tolist()
+        seen.add(want.num_nodes < full.num_nodes)
+    assert seen == {True, False}  # some drafts lost nodes, some none
+    before = a.stats()
+    for bad, match in [({"vocab": 0}, "vocab must be in"), ({"vocab": 2**32 + 1}, "vocab"),
+                       ({"max_depth": -1}, "max_depth must be in"), ({"vocab": 1.5}, "an int"),
+                       ({"max_depth": True}, "an int")]:  # fmt: skip
+        with pytest.raises(InvalidInput, match=match):
+            a.draft(0, 4, True, **bad)
+        with pytest.raises(InvalidInput, match=match):
+            a.step(0, [1], 4, True, **bad)  # refused before the tokens are added
+    assert a.stats() == before
+
+
 def test_draft_objects(cache):
     import copy
     import pickle

@@ -560,9 +560,9 @@ class _BudgetSpy:
     def __init__(self, inner):
         self.inner, self.budgets = inner, []
 
-    def draft(self, rid, budget, multi_branch=True):
+    def draft(self, rid, budget, multi_branch=True, **bounds):
         self.budgets.append(budget)
-        return self.inner.draft(rid, budget=budget, multi_branch=multi_branch)
+        return self.inner.draft(rid, budget=budget, multi_branch=multi_branch, **bounds)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

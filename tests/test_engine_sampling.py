@@ -17,7 +17,7 @@ import pytest
 import torch
 from lookahead import Draft, LookaheadCache
 from lookahead.hf import LookaheadGenerator
-from tiny_models import ScriptedCache, tiny_model
+from tiny_models import ScriptedCache, bounded, tiny_model
 
 VOCAB = 12
 RUNS = 800
@@ -101,17 +101,18 @@ class _FixedTreeCache(ScriptedCache):
     def __init__(self):
         super().__init__([], VOCAB)
 
-    def draft(self, rid, budget=16, multi_branch=True):
+    def draft(self, rid, budget=16, multi_branch=True, *, vocab=None, max_depth=None):
         import numpy as np
 
         toks = [self.ctx[-1], 3, 4, 5, 4, 5, 3]
         pars = [-1, 0, 0, 0, 1, 2, 4]
-        return Draft(
+        d = Draft(
             np.array(toks, dtype=np.int32),
             np.array(pars, dtype=np.int32),
             np.zeros(len(toks), dtype=np.float32),
             len(toks),
         )
+        return bounded(d, vocab, max_depth)
 
 
 SETTINGS = {

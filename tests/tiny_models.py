@@ -116,6 +116,23 @@ def repetitive_prompt(rng, vocab_size: int, lo: int = 8, hi: int = 40) -> list:
     return ids
 
 
+def bounded(d: Draft, vocab: int | None = None, max_depth: int | None = None) -> Draft:
+    """`d` as the core prunes a draft asked with `vocab` and `max_depth`
+    (`LookaheadCache.draft`): without nodes whose ids are `vocab` or more or that lie deeper
+    than `max_depth` below the root, nor their descendants; parents renumbered. A plain
+    Python reference for the stand-in caches here and for the core's own test."""
+    ids = d.tokens.view(np.uint32)
+    keep, new_index, level = [0], {0: 0}, {0: 0}
+    for i in range(1, d.num_nodes):
+        p = int(d.parents[i])
+        if ((vocab is None or ids[i] < vocab) and p in new_index
+                and (max_depth is None or level[p] < max_depth)):  # fmt: skip
+            new_index[i], level[i] = len(keep), level[p] + 1
+            keep.append(i)
+    parents = np.array([-1] + [new_index[int(d.parents[i])] for i in keep[1:]], np.int32)
+    return Draft(d.tokens[keep], parents, d.scores[keep], len(keep), d.matched[keep])
+
+
 class ScriptedCache:
     """A stand-in for `LookaheadCache` that drafts from a known continuation.
 
@@ -147,7 +164,7 @@ class ScriptedCache:
     def _wrong(self, t: int) -> int:
         return 2 + (t - 2 + 1) % (self.vocab - 2)
 
-    def draft(self, rid, budget=16, multi_branch=True):
+    def draft(self, rid, budget=16, multi_branch=True, *, vocab=None, max_depth=None):
         pos = len(self.ctx)
         assert self.ctx == self.truth[:pos], "the engine's context left the reference"
         tokens, parents, prev = [self.ctx[-1]], [-1], 0
@@ -161,9 +178,10 @@ class ScriptedCache:
                 parents.append(prev)
             prev = len(tokens) - 1
         n = len(tokens)
-        return Draft(
+        d = Draft(
             np.array(tokens, dtype=np.int32),
             np.array(parents, dtype=np.int32),
             np.zeros(n, dtype=np.float32),
             n,
         )
+        return bounded(d, vocab, max_depth)

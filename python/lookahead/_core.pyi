@@ -108,8 +108,23 @@ class Cache:
         k: int,
     ) -> None: ...
     def extend_batch(self, rids: list[_Rid], tokens: _Tokens, lengths: list[int]) -> None: ...
-    def draft(self, rid: _Rid, budget: int, multi_branch: bool) -> Draft: ...
-    def step(self, rid: _Rid, tokens: _Tokens, budget: int, multi_branch: bool) -> Draft: ...
+    def draft(
+        self,
+        rid: _Rid,
+        budget: int,
+        multi_branch: bool,
+        vocab: int | None = None,
+        max_depth: int | None = None,
+    ) -> Draft: ...
+    def step(
+        self,
+        rid: _Rid,
+        tokens: _Tokens,
+        budget: int,
+        multi_branch: bool,
+        vocab: int | None = None,
+        max_depth: int | None = None,
+    ) -> Draft: ...
     def draft_batch(
         self,
         rids: list[_Rid],

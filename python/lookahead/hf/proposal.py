@@ -1,5 +1,6 @@
-"""Draft proposal: the cache's best-first tree for this step, pruned to what the model can
-embed and the output has room for, then cut to the prefix the sizer says pays for its rows."""
+"""Draft proposal: the cache's best-first tree for this step, pruned (by the core) to what the
+model can embed and the output has room for, then cut to the prefix the sizer says pays for its
+rows."""
 
 from __future__ import annotations
 
@@ -23,21 +24,6 @@ class Proposal:
     skipped: int  # 1 when the sizer dropped a draft for the root alone
 
 
-def prune(tokens, parents, scores, matched, vocab: int, depth: int):
-    """The draft without its nodes whose ids the model does not have (a history shared with
-    another vocabulary) or that lie deeper than `depth` below the root, nor their
-    descendants; parents renumbered."""
-    ids = tokens.view(np.uint32)
-    keep, new_index, level = [0], {0: 0}, {0: 0}
-    for i in range(1, len(tokens)):
-        p = int(parents[i])
-        if ids[i] < vocab and p in new_index and level[p] < depth:
-            new_index[i], level[i] = len(keep), level[p] + 1
-            keep.append(i)
-    new_parents = np.array([-1] + [new_index[int(parents[i])] for i in keep[1:]], np.int32)
-    return tokens[keep], new_parents, scores[keep], matched[keep]
-
-
 def propose(
     cache,
     rid: str,
@@ -50,16 +36,14 @@ def propose(
     cut: Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None = None,
 ) -> Proposal:
     """This step's tree: up to `budget` drafted nodes, none deeper than `room` (the draft
-    tokens the output still has room for). `cut(scores, parents, matched)` of the drafted
-    nodes (root excluded) gives how many of them to keep (the sizer's choice, `lookahead.sizing`; 0: the
-    root alone; None: all)."""
+    tokens the output still has room for) nor with ids the model lacks (`vocab`: a history
+    shared with another vocabulary), both left out by the core with their descendants.
+    `cut(scores, parents, matched)` of the drafted nodes (root excluded) gives how many of
+    them to keep (the sizer's choice, `lookahead.sizing`; 0: the root alone; None: all)."""
     if budget <= 0 or room <= 0:  # plain decoding through the same path
         return Proposal(np.array([root], dtype=np.int64), ROOT_PARENTS, None, None, 0)
-    d = cache.draft(rid, budget=budget, multi_branch=multi_branch)
+    d = cache.draft(rid, budget, multi_branch, vocab=vocab, max_depth=room)
     tokens, parents, scores, matched = d.tokens, d.parents, d.scores, d.matched
-    if len(tokens) > 1 and (room < budget or int(tokens.view(np.uint32)[1:].max()) >= vocab):
-        # Nodes deeper than `room` would be verified for nothing.
-        tokens, parents, scores, matched = prune(tokens, parents, scores, matched, vocab, room)
     if len(tokens) <= 1:
         return Proposal(tokens, parents, scores, None, 0)
     # Best-first order: every prefix is a tree, and the likeliest one.

@@ -167,6 +167,35 @@ impl DraftTree {
     pub fn num_nodes(&self) -> usize {
         self.tokens.len()
     }
+
+    /// Drops the nodes whose ids are `vocab` or more (a history shared with a model of another
+    /// vocabulary) or that lie more than `max_depth` below the root (draft tokens the output
+    /// has no room for), with their descendants; the others keep their order (best-first, a
+    /// parent before its children), their parents renumbered. The root always stays.
+    pub fn prune(&mut self, vocab: u64, max_depth: usize) {
+        let n = self.tokens.len();
+        // (new index, depth) of each kept node, by its old index; u32::MAX: dropped.
+        let mut kept: Vec<(u32, usize)> = Vec::with_capacity(n);
+        kept.push((0, 0));
+        let mut k = 1;
+        for i in 1..n {
+            let p = kept[self.parents[i] as usize];
+            if u64::from(self.tokens[i]) < vocab && p.0 != u32::MAX && p.1 < max_depth {
+                kept.push((k as u32, p.1 + 1));
+                self.tokens[k] = self.tokens[i];
+                self.parents[k] = p.0 as i32;
+                self.scores[k] = self.scores[i];
+                self.matched[k] = self.matched[i];
+                k += 1;
+            } else {
+                kept.push((u32::MAX, 0));
+            }
+        }
+        self.tokens.truncate(k);
+        self.parents.truncate(k);
+        self.scores.truncate(k);
+        self.matched.truncate(k);
+    }
 }
 
 #[derive(Clone, Copy, Debug)]

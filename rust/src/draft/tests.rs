@@ -318,3 +318,27 @@ fn mix_scores_paths_by_weighted_mean_and_keeps_parents() {
     );
     assert_eq!((c.tokens, c.parents), (vec![7, 1, 3, 5], vec![-1, 0, 1, 2]));
 }
+
+#[test]
+fn prune_drops_foreign_ids_and_deep_nodes_with_their_descendants() {
+    //        0 (7)
+    //   1 (5)     2 (99: not in a vocabulary of 50)
+    //   3 (6)     4 (8, under 2)
+    //   5 (9, under 3: depth 3)
+    let mut t = tree(
+        &[7, 5, 99, 6, 8, 9],
+        &[-1, 0, 0, 1, 2, 3],
+        &[1.0, 0.9, 0.5, 0.8, 0.4, 0.7],
+    );
+    t.matched = vec![0, 1, 2, 3, 4, 5];
+    let mut all = t.clone();
+    all.prune(1 << 32, usize::MAX);
+    assert_eq!(all, t); // nothing to drop: unchanged
+    t.prune(50, 2);
+    assert_eq!(t.tokens, vec![7, 5, 6]);
+    assert_eq!(t.parents, vec![-1, 0, 1]);
+    assert_eq!(t.scores, vec![1.0, 0.9, 0.8]);
+    assert_eq!(t.matched, vec![0, 1, 3]);
+    t.prune(50, 0); // no room: the root alone
+    assert_eq!((t.tokens, t.parents), (vec![7], vec![-1]));
+}

@@ -107,6 +107,32 @@ pub fn budget(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     }
 }
 
+/// An optional bound on a draft (`vocab`, `max_depth`): None, or an int in `[lo, hi]`.
+pub fn bound(
+    obj: Option<&Bound<'_, PyAny>>,
+    name: &str,
+    lo: u64,
+    hi: u64,
+) -> PyResult<Option<u64>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let py = obj.py();
+    if !is_int(obj)? {
+        return Err(invalid(
+            py,
+            format!("{name} must be an int or None, got {}", type_name(obj)),
+        ));
+    }
+    match obj.extract::<u64>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(Some(v)),
+        _ => Err(invalid(
+            py,
+            format!("{name} must be in [{lo}, {hi}] or None, got {obj}"),
+        )),
+    }
+}
+
 /// `multi_branch`: a bool (Python's or numpy's); anything else is a likely mistake.
 pub fn multi_branch(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
     obj.extract::<bool>().map_err(|_| {

@@ -57,6 +57,27 @@ pub(super) fn config_dict<'py>(py: Python<'py>, c: &Config) -> PyResult<Bound<'p
     Ok(d)
 }
 
+/// A draft's optional bounds from Python (`vocab` in [1, 2**32], `max_depth` >= 0); None when
+/// neither is given.
+fn limits(
+    vocab: Option<&Bound<'_, PyAny>>,
+    max_depth: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<(u64, usize)>> {
+    let vocab = args::bound(vocab, "vocab", 1, 1 << 32)?;
+    let depth = args::bound(max_depth, "max_depth", 0, u64::from(u32::MAX))?;
+    Ok((vocab.is_some() || depth.is_some()).then(|| {
+        let depth = depth.map_or(usize::MAX, |d| usize::try_from(d).unwrap_or(usize::MAX));
+        (vocab.unwrap_or(1 << 32), depth)
+    }))
+}
+
+/// `d` pruned to `limits` (`DraftTree::prune`), if any.
+fn pruned(d: &mut crate::draft::DraftTree, limits: Option<(u64, usize)>) {
+    if let Some((vocab, depth)) = limits {
+        d.prune(vocab, depth);
+    }
+}
+
 fn corpus_dict<'py>(py: Python<'py>, c: &CorpusInfo) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("id", &c.id)?;
@@ -213,22 +234,34 @@ impl PyCache {
         run(py, || self.inner.extend_batch(&ids, &tokens, &lengths))
     }
 
+    /// A draft, pruned (`DraftTree::prune`) to ids below `vocab` and to `max_depth` levels
+    /// below the root where given.
+    #[pyo3(signature = (rid, budget, multi_branch, vocab=None, max_depth=None))]
     fn draft<'py>(
         &self,
         py: Python<'py>,
         rid: &Bound<'_, PyAny>,
         budget: &Bound<'_, PyAny>,
         multi_branch: &Bound<'_, PyAny>,
+        vocab: Option<&Bound<'_, PyAny>>,
+        max_depth: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyDraft>> {
         let rid = args::rid(rid)?;
         let budget = args::budget(budget)?;
         let multi_branch = args::multi_branch(multi_branch)?;
-        let d = run(py, || self.inner.draft(&rid, budget, multi_branch))?;
+        let limits = limits(vocab, max_depth)?;
+        let d = run(py, || {
+            let mut d = self.inner.draft(&rid, budget, multi_branch)?;
+            pruned(&mut d, limits);
+            Ok(d)
+        })?;
         to_py(py, &d)
     }
 
     /// `extend` then `draft` in one call (one GIL release); nothing is extended when an
     /// argument is bad.
+    #[pyo3(signature = (rid, tokens, budget, multi_branch, vocab=None, max_depth=None))]
+    #[allow(clippy::too_many_arguments)]
     fn step<'py>(
         &self,
         py: Python<'py>,
@@ -236,12 +269,19 @@ impl PyCache {
         tokens: &Bound<'_, PyAny>,
         budget: &Bound<'_, PyAny>,
         multi_branch: &Bound<'_, PyAny>,
+        vocab: Option<&Bound<'_, PyAny>>,
+        max_depth: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyDraft>> {
         let rid = args::rid(rid)?;
         let tokens = args::token_ids(tokens, "new_token_ids")?;
         let budget = args::budget(budget)?;
         let multi_branch = args::multi_branch(multi_branch)?;
-        let d = run(py, || self.inner.step(&rid, &tokens, budget, multi_branch))?;
+        let limits = limits(vocab, max_depth)?;
+        let d = run(py, || {
+            let mut d = self.inner.step(&rid, &tokens, budget, multi_branch)?;
+            pruned(&mut d, limits);
+            Ok(d)
+        })?;
         to_py(py, &d)
     }
 
