@@ -34,15 +34,23 @@ def propose(
     multi_branch: bool,
     vocab: int,
     cut: Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None = None,
+    new_tokens: list | None = None,
 ) -> Proposal:
     """This step's tree: up to `budget` drafted nodes, none deeper than `room` (the draft
     tokens the output still has room for) nor with ids the model lacks (`vocab`: a history
     shared with another vocabulary), both left out by the core with their descendants.
     `cut(scores, parents, matched)` of the drafted nodes (root excluded) gives how many of
-    them to keep (the sizer's choice, `lookahead.sizing`; 0: the root alone; None: all)."""
+    them to keep (the sizer's choice, `lookahead.sizing`; 0: the root alone; None: all).
+    `new_tokens`: the last step's tokens, added to `rid`'s context in the same call as the
+    draft (`LookaheadCache.step`); None: the caller added them."""
     if budget <= 0 or room <= 0:  # plain decoding through the same path
+        if new_tokens is not None:
+            cache.extend(rid, new_tokens)
         return Proposal(np.array([root], dtype=np.int64), ROOT_PARENTS, None, None, 0)
-    d = cache.draft(rid, budget, multi_branch, vocab=vocab, max_depth=room)
+    if new_tokens is None:
+        d = cache.draft(rid, budget, multi_branch, vocab=vocab, max_depth=room)
+    else:
+        d = cache.step(rid, new_tokens, budget, multi_branch, vocab=vocab, max_depth=room)
     tokens, parents, scores, matched = d.tokens, d.parents, d.scores, d.matched
     if len(tokens) <= 1:
         return Proposal(tokens, parents, scores, None, 0)

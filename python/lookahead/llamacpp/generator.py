@@ -229,9 +229,11 @@ class LlamaCppGenerator:
                 cut, reason = find_cut(out, start, ends, set(), text, max_new_tokens)
                 if cut is not None:
                     del out[cut:]
-                self.cache.extend(rid, out[start:])
+                new = out[start:]  # added to the context by the draft's call (`propose`)
+                if cut is not None:  # the final tokens too join the shared history
+                    self.cache.extend(rid, new)
                 caller_s = 0.0  # in `on_tokens`: the caller's time, not the step's
-                if on_tokens and len(out) > start:
+                if on_tokens and new:
                     delta = text.delta(out, cut is not None) if text else ""
                     tc = time.perf_counter()
                     on_tokens(out[start:], delta)
@@ -254,6 +256,7 @@ class LlamaCppGenerator:
                     cut=lambda s, par, mt, n=n_past, la=last: self.sizer.cut(
                         s, par, mt, n, la, cfg.do_sample
                     ),
+                    new_tokens=new,
                 )
                 tokens, parents, _ = _fit_branches(p.tokens, p.parents, p.scores, n_seqs)
                 t1 = time.perf_counter()
