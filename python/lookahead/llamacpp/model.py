@@ -117,6 +117,15 @@ def load_params(ll):
 _LOG_CB = None  # llama.cpp keeps the pointer: the callback must outlive every call
 
 
+def logits_address(ll):
+    """`llama_get_logits` answering the buffer's address as an int: the same C function
+    through a prototype whose result is a `c_void_p`, where llama-cpp-python's answers a float
+    pointer that `ctypes.cast` then turns into one (1.2 against 0.2 us in a loop, measured;
+    several times that right after a forward)."""
+    fn = ctypes.cast(ll.llama_get_logits, ctypes.c_void_p).value
+    return ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(fn)
+
+
 def _quiet(ll) -> None:
     """Silences llama.cpp's log on stderr (errors still raise here)."""
     global _LOG_CB
@@ -172,6 +181,7 @@ class LlamaCppModel:
         threads = int(n_threads) if n_threads else default_threads()
         self.ctx = self._batch = None
         self._views: dict = {}  # (logits address, rows) -> array over it (`_logits`)
+        self._logits_at = logits_address(ll)
         self.flash_choice = None
         if flash_attn == "fastest":
             from lookahead.llamacpp.flash import load_or_time
@@ -366,7 +376,7 @@ class LlamaCppModel:
         last forward's outputs, so a kept array never reads past its buffer."""
         if rows == 0:  # a prompt chunk before the last
             return np.empty((rows, self.n_vocab), dtype=np.float32)
-        addr = ctypes.cast(self.ll.llama_get_logits(self.ctx), ctypes.c_void_p).value
+        addr = self._logits_at(self.ctx)
         view = self._views.get((addr, rows))
         if view is None:
             if len(self._views) >= MAX_VIEWS:

@@ -63,6 +63,8 @@ def greedy_path(tokens, parents, argmax) -> tuple[list[int], int]:
     """The accepted path (node indices from the root) and the bonus token: from the root,
     the child whose token is the target's argmax at its parent, while there is one (of twin
     children, the first), as `lookahead.kernels.verify_greedy` walks it."""
+    if len(tokens) == 1:  # the root alone (most steps): no walk
+        return [0], int(argmax[0])
     children: dict[int, dict[int, int]] = {}
     for i in range(1, len(tokens)):
         children.setdefault(int(parents[i]), {}).setdefault(int(tokens[i]), i)
@@ -117,4 +119,4 @@ class SequenceBook:
 
 def argmax_rows(logits: np.ndarray) -> np.ndarray:
     """The target's greedy token at each row (ties: the lowest id, as numpy's argmax)."""
-    return np.argmax(logits, axis=1)
+    return logits.argmax(axis=1)  # the method: numpy's function wraps it in two more calls
