@@ -19,8 +19,10 @@ token for token. `lookahead` is `lookahead.llamacpp.LlamaCppGenerator` with its 
 sizer (its host time per step against the forward's is printed too); `plain (engine)` is
 the same library's one-sequence greedy decoding, to show in-process plain equals the
 server's. Then lookahead against each speculator on the same text (`same_text`: the
-prompts where both outputs equal plain's), and the verify cost curve the engine measured
-and learnt beside `llama-bench -p W -n 0`. Quantizations other than the default model's
+prompts where both outputs equal plain's), each drafter's own host time per step
+(lookahead's from its stats, `GenerationStats.drafter_s`; a speculator's from the timers
+llama-server logs at verbosity 4, `speculator_host`), and the verify cost curve the engine
+measured and learnt beside `llama-bench -p W -n 0`. Quantizations other than the default model's
 Q4_1 file are made from it with `llama-quantize --allow-requantize` (the same weights,
 dequantized: F16 is exact up to fp16 rounding of the Q4_1 values; Q8_0 and Q4_0 round
 again).
@@ -32,6 +34,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -81,6 +84,32 @@ def server_row(resp: dict) -> dict:
     return row
 
 
+# A speculator's cumulative counts and timers, which llama-server logs (at verbosity 4, trace)
+# after every request: `common_speculative_print_stats` in the vendored common/speculative.cpp.
+SPEC_STATS = re.compile(
+    r"statistics\s+(\S+): #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+),.*"
+    r"dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms"
+)
+
+
+def speculator_host(log: Path) -> dict | None:
+    """A speculator's own host time from its server's log: the last (cumulative) statistics
+    line of each of its implementations, summed: `begin` calls (one per prompt, which indexes
+    it), `draft` calls (one per step) and `accept` calls, and the milliseconds in each. None
+    when the log has no such line (plain decoding, or a build without the timers)."""
+    last: dict = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = SPEC_STATS.search(line)
+        if m:
+            last[m.group(1)] = [int(x) for x in m.groups()[1:4]] + [
+                float(x) for x in m.groups()[4:]
+            ]
+    if not last:
+        return None
+    tot = [sum(v[i] for v in last.values()) for i in range(6)]
+    return {"calls": tot[:3], "ms": tot[3:]}
+
+
 def llama_bench(model: Path, threads: int, flash_attn: str = "off") -> dict:
     """`llama-bench -p W -n 0` seconds per forward of W prompt tokens, by W."""
     from lookahead.llamacpp.model import FLASH_ATTN
@@ -116,9 +145,11 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
         for s, a in settings.items():  # all start at once; each is stopped whatever happens
             log = log_dir / f"{quant}-{s.replace(' ', '-')}.log"
             sfa = "auto" if s == FA_AUTO else fa
+            # Verbosity 4 for the speculators' timers (a few lines a request, none a token).
             servers[s] = Server(
-                BIN / "llama-server", model, a, args.threads, log=log, flash_attn=sfa
-            )
+                BIN / "llama-server", model, [*a, "-lv", "4"], args.threads, log=log,
+                flash_attn=sfa,
+            )  # fmt: skip
         for s in servers.values():
             s.wait_ready()
         encoded = [gen.model.encode(q["turns"][0], chat=True) for q in prompts]
@@ -138,7 +169,8 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
                     got[m] = {"tokens": res.ids, "n": len(res.ids), "steps": st.steps,
                               "decode_s": st.total_s - st.prefill_s,
                               "drafted": sum(st.draft_nodes), "accepted": sum(st.accepted),
-                              "host_overhead": st.host_overhead}  # fmt: skip
+                              "host_overhead": st.host_overhead,
+                              "drafter_s": st.drafter_s}  # fmt: skip
                 else:
                     t = {}
                     toks = plain_generate(plain_m, ids, args.max_new_tokens, times=t)
@@ -158,11 +190,13 @@ def run_quant(quant: str, prompts: list, args, log_dir: Path) -> dict:
     finally:
         for s in servers.values():
             s.close()
+    host = {s: speculator_host(srv.log) for s, srv in servers.items()}
     costs = gen.sizer.cost_model
     learned = gen.sizer.learned.as_cost_model() if gen.sizer.learned is not None else None
     return {"quant": quant, "model": str(model), "flash_attn": fa, "rows": rows,
             "flash_choice": dataclasses.asdict(choice) if choice is not None else None,
             "llama_bench": bench,
+            "speculator_host": {s: h for s, h in host.items() if h},
             "start_up_costs": costs.to_json() if costs else None,
             "learned_costs": learned.to_json() if learned else None}  # fmt: skip
 
@@ -226,6 +260,23 @@ def same_text(result: dict) -> list[dict]:
     return out
 
 
+def drafter_times(result: dict) -> list[tuple]:
+    """(method, microseconds per step, microseconds per prompt or None) of each drafter's own
+    host time: lookahead's trie draft and extend and its sizer's cut and learning
+    (`GenerationStats.drafter_s`, no per-prompt part counted); a speculator's draft and accept
+    calls per draft call (one a step) and its begin calls (one a prompt), by llama.cpp's own
+    timers (`speculator_host`). Runs recorded before these were kept give none."""
+    out = []
+    runs = [r["methods"]["lookahead"] for r in result["rows"]]
+    if runs and all("drafter_s" in x for x in runs):
+        steps = sum(x["steps"] for x in runs)
+        out.append(("lookahead", 1e6 * sum(x["drafter_s"] for x in runs) / max(steps, 1), None))
+    for m, h in result.get("speculator_host", {}).items():
+        (b, g, _), (ms_b, ms_g, ms_a) = h["calls"], h["ms"]
+        out.append((m, 1e3 * (ms_g + ms_a) / max(g, 1), 1e3 * ms_b / max(b, 1)))
+    return out
+
+
 def print_tables(result: dict, summary: list) -> None:
     q = result["quant"]
     print(f"\n## {q} ({Path(result['model']).name}): decode tok/s, median ratio to plain "
@@ -243,6 +294,14 @@ def print_tables(result: dict, summary: list) -> None:
         print(f"lookahead / {s['method']:<19} {s['lookahead_tps'] / s['tps']:>5.2f}x  "
               f"({s['lookahead_tps']:.1f} / {s['tps']:.1f} tok/s, plain {s['plain_tps']:.1f}; "
               f"{s['prompts']} prompts)")  # fmt: skip
+    times = drafter_times(result)
+    if times:
+        print(f"\ndrafter's own host time ({q}): us per step (lookahead: trie draft and extend, "
+              "the sizer's cut and learning; a speculator: its draft and accept calls), and "
+              "per prompt (a speculator's begin call)")  # fmt: skip
+        for m, step_us, prompt_us in times:
+            per_prompt = "" if prompt_us is None else f"  {prompt_us:8.1f} us/prompt"
+            print(f"{m:<19} {step_us:8.1f} us/step{per_prompt}")
     bench = {int(w): t for w, t in result["llama_bench"].items()}  # JSON keys are strings
     print(f"\nforward of W rows relative to W=1 ({q}; W=1 ms in brackets)")
     print(f"llama-bench -p W -n 0 -fa {result.get('flash_attn', 'auto')} (logits: last row)  [{1e3 * bench[1]:.1f}] "

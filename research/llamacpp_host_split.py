@@ -2,7 +2,8 @@
 
     python -m research.llamacpp_host_split [--quant q4_1] [--categories mt_bench,qa,math_reasoning]
 
-Wraps the calls of one decoding step (the cache's draft and extend, the sizer's cut and
+Wraps the calls of one decoding step (the cache's step: extend and draft in one call, and its
+extend after the last step; the sizer's cut and
 observe and their parts, the tree batch, the KV bookkeeping, stop checks, `model.decode` and
 the `llama_decode` inside it) in a timer and prints each one's microseconds per step over
 Spec-Bench prompts of the given categories (3 each; greedy, 128 new tokens, flash attention
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
 
         setattr(obj, name, timed)
 
-    for name in ("draft", "extend"):
+    for name in ("step", "draft", "extend"):
         wrap(gen.cache, name, f"cache.{name}")
     for name in ("cut", "observe"):
         wrap(gen.sizer, name, f"sizer.{name}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import llamacpp
 
 
@@ -65,3 +67,28 @@ def test_same_text_compares_only_prompts_both_decoded_as_plain_did():
     assert (row["lookahead_tps"], row["tps"], row["plain_tps"]) == (25.0, 20.0, 10.0)
     rows[0]["methods"]["ngram-mod"]["identical"] = False
     assert llamacpp.same_text({"rows": rows}) == []  # no prompt both decoded as plain did
+
+
+def test_speculator_host_reads_the_last_cumulative_line_of_each_implementation(tmp_path):
+    line = ("0.01.215.245 I spec common_specu: statistics {:>16}: #calls(b,g,a) = {:4d} {:6d} "
+            "{:6d}, #gen drafts = 6, #acc drafts = 6, #gen tokens = 47, #acc tokens = 40, "
+            "#mean acc len = 7.67, #acc rate/pos = (1.000, 0.833), dur(b,g,a) = {}, {}, {} ms")  # fmt: skip
+    log = tmp_path / "s.log"
+    log.write_text("\n".join([
+        "0.00.1 I srv  llama_server: listening",
+        line.format("ngram-mod", 1, 87, 6, "0.033", "0.243", "0.008"),
+        line.format("ngram-mod", 2, 124, 18, "0.111", "0.370", "0.018"),  # cumulative: this one
+        line.format("ngram-simple", 2, 100, 10, "0.010", "0.100", "0.090"),
+    ]))  # fmt: skip
+    h = llamacpp.speculator_host(log)
+    assert h["calls"] == [4, 224, 28] and h["ms"] == pytest.approx([0.121, 0.47, 0.108])
+    (tmp_path / "plain.log").write_text("0.00.1 I srv  llama_server: listening\n")
+    assert llamacpp.speculator_host(tmp_path / "plain.log") is None
+
+    rows = [{"methods": {"lookahead": {"drafter_s": 0.002, "steps": 10}}},
+            {"methods": {"lookahead": {"drafter_s": 0.001, "steps": 20}}}]  # fmt: skip
+    times = llamacpp.drafter_times({"rows": rows, "speculator_host": {"ngram-mod": h}})
+    assert times[0] == ("lookahead", pytest.approx(100.0), None)  # 3 ms over 30 steps
+    assert times[1] == ("ngram-mod", pytest.approx(1e3 * 0.578 / 224), pytest.approx(121 / 4))
+    del rows[1]["methods"]["lookahead"]["drafter_s"]  # a run from before: none for lookahead
+    assert [t[0] for t in llamacpp.drafter_times({"rows": rows})] == []

@@ -175,3 +175,28 @@ def test_the_demo_beside_the_real_llama_server(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(server.Server, "run", interrupted)
     assert cli.main([*argv, "--llama-spec", "ngram-simple"]) == 130
     assert _processes_with(gguf) == []
+
+
+def test_the_benchmark_reads_a_real_speculators_own_timers(tmp_path):
+    pytest.importorskip("llama_cpp", reason="needs the llamacpp extra (make llamacpp)")
+    binary = _llama_server()
+    if binary is None:
+        pytest.skip("needs llama.cpp's llama-server binary (make llama-server, or "
+                    f"${server.ENV_BINARY})")  # fmt: skip
+    from tiny_gguf import write_tiny_llama
+
+    from benchmarks.llamacpp import speculator_host
+
+    gguf = write_tiny_llama(tmp_path / "spec.gguf", tokenizer=True, repeat_bias=3.0)
+    logs = {}
+    for name in ("ngram-mod-short", "plain"):  # as the benchmark starts them
+        logs[name] = tmp_path / f"{name}.log"
+        args = [*server.SETTINGS[name], "-lv", "4"]
+        with server.Server(binary, gguf, args, threads=2, log=logs[name]) as s:
+            s.wait_ready()
+            for _ in range(2):
+                assert len(s.complete([1, 5, 6, 7, 5, 6, 7, 5, 6], 8)["tokens"]) == 8
+    h = speculator_host(logs["ngram-mod-short"])
+    (b, g, a), ms = h["calls"], h["ms"]
+    assert b == 2 and g >= 2 and a <= g and all(x >= 0 for x in ms)  # cumulative: both requests
+    assert speculator_host(logs["plain"]) is None

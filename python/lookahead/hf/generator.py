@@ -309,6 +309,7 @@ class LookaheadGenerator:
                     last=last,
                 )
             )
+            t7 = perf()
 
             start = len(out)
             out.extend(verdict.emitted)
@@ -326,8 +327,10 @@ class LookaheadGenerator:
                 tc = perf()
                 req.on_tokens(out[start:], delta)
                 caller_s = perf() - tc
+            te = perf()
             if kept:  # the final tokens too join the request's output (shared history)
                 self.cache.extend(req.rid, out[start:], *(r[:kept] for r in rows or ()))
+            stats.drafter_s += (t2 - t1) + (t7 - t6) + (perf() - te)
             if cut is not None:
                 stats.other_s += perf() - t6 - caller_s
                 return out, reason

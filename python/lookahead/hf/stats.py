@@ -30,6 +30,9 @@ class GenerationStats:
     # The rest of each step besides the caller's `on_tokens`: the sizer learning from the
     # verdict, stop checks, the cache extended with the step's tokens.
     other_s: float = 0.0
+    # Of the above, the drafter's own: the cache's draft and extend and the sizer's cut and
+    # learning (what llama.cpp's speculators time as their draft and accept calls).
+    drafter_s: float = 0.0
     total_s: float = 0.0
 
     def record_step(self, accepted: int, nodes: int, t: tuple) -> None:
@@ -56,6 +59,11 @@ class GenerationStats:
         return self.new_tokens / self.steps if self.steps else 0.0
 
     @property
+    def drafter_us_per_step(self) -> float:
+        """The drafter's microseconds per step (`drafter_s`)."""
+        return 1e6 * self.drafter_s / self.steps if self.steps else 0.0
+
+    @property
     def host_overhead(self) -> float:
         """The host's time between forwards (draft + mask + verify + KV fix-up + other) as a
         fraction of the forward time."""
@@ -69,6 +77,7 @@ class GenerationStats:
             mean_accepted=self.mean_accepted,
             tokens_per_step=self.tokens_per_step,
             host_overhead=self.host_overhead,
+            drafter_us_per_step=self.drafter_us_per_step,
         )
         return d
 

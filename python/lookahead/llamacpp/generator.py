@@ -230,8 +230,11 @@ class LlamaCppGenerator:
                 if cut is not None:
                     del out[cut:]
                 new = out[start:]  # added to the context by the draft's call (`propose`)
+                st.drafter_s += learn_s
                 if cut is not None:  # the final tokens too join the shared history
+                    tx = time.perf_counter()
                     self.cache.extend(rid, new)
+                    st.drafter_s += time.perf_counter() - tx
                 caller_s = 0.0  # in `on_tokens`: the caller's time, not the step's
                 if on_tokens and new:
                     delta = text.delta(out, cut is not None) if text else ""
@@ -260,6 +263,7 @@ class LlamaCppGenerator:
                 )
                 tokens, parents, _ = _fit_branches(p.tokens, p.parents, p.scores, n_seqs)
                 t1 = time.perf_counter()
+                st.drafter_s += t1 - t0
                 batch = tree_batch(tokens, parents, n_past, m.n_seq_max)
                 book.ready(len(batch[2][0]), n_past)
                 t2 = time.perf_counter()
