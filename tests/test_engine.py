@@ -247,6 +247,9 @@ def test_host_time_counts_every_step_but_the_callers_own():
     assert 0 < st.other_s < caller / 4
     assert 0 <= st.total_s - st.prefill_s - parts - caller < 0.05
     assert st.host_overhead == pytest.approx((parts - st.forward_s) / st.forward_s)
+    # The drafter's own share (draft, the sizer's learning, extend) lies inside those parts.
+    assert 0 < st.drafter_s <= st.draft_s + st.other_s
+    assert st.drafter_us_per_step == pytest.approx(1e6 * st.drafter_s / st.steps)
 
 
 def test_a_stop_string_before_eos_in_one_step_ends_the_output_first():

@@ -188,11 +188,14 @@ def test_host_time_counts_every_step_but_the_callers_own(model):
     st = LlamaCppGenerator(model).generate(prompts(1)[0], 30, on_tokens=slow_reader).stats
     parts = st.draft_s + st.mask_s + st.forward_s + st.verify_s + st.kv_s + st.other_s
     caller = sum(slept)
-    # The sizer's learning, stop checks and the cache's extend are counted (other_s > 0);
+    # The sizer's learning, stop checks and the last step's extend (the others ride on the
+    # draft's call) are counted (other_s > 0);
     # the caller's callback is not, and the parts account for the decode time but the
     # first token's verdict (well under a millisecond on this model).
     assert 0 < st.other_s < caller / 4
     assert 0 <= st.total_s - st.prefill_s - parts - caller < 0.01
+    # The drafter's own share (draft, the sizer's learning, extend) lies inside those parts.
+    assert 0 < st.drafter_s <= st.draft_s + st.other_s
     assert st.host_overhead == pytest.approx((parts - st.forward_s) / st.forward_s)
 
 
