@@ -17,7 +17,7 @@ pytest.importorskip("llama_cpp", reason="needs the llamacpp extra (make llamacpp
 
 from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, plain_generate  # noqa: E402
 from lookahead.llamacpp.generator import sampling_config  # noqa: E402
-from lookahead.llamacpp.model import load_params  # noqa: E402
+from lookahead.llamacpp.library import load_params  # noqa: E402
 from tiny_gguf import write_tiny_llama  # noqa: E402
 
 VOCAB = 97
