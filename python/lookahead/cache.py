@@ -12,42 +12,19 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Iterable
-from typing import Any, NamedTuple, Union
+from typing import Any, Union
 
 import numpy as np
 
 from lookahead import _core
 from lookahead.args import core_knobs, is_bool, is_int, predictions, refuse_renamed, rid_list
+from lookahead.drafts import BatchDraft, Draft
 from lookahead.errors import InvalidInput
 
 __all__ = ["BatchDraft", "Draft", "LookaheadCache", "RequestId", "TokenIds"]
 
 RequestId = Union[int, str]
 TokenIds = Any  # a list/tuple of ints, a 1-D numpy integer array or a 1-D torch tensor
-
-
-# A native class (`_core.Draft`): made for every draft, it must cost far less than the draft.
-Draft = _core.Draft
-
-
-class BatchDraft(NamedTuple):
-    """Draft trees of B requests padded to width W (default `budget + 1`): `tokens`, `parents`
-    int32 [B, W], `scores` float32 [B, W], `num_nodes` int32 [B], `matched` uint8 [B, W] (as
-    `Draft.matched`). Columns `>= num_nodes[b]` hold 0 and `parents = pad_parent` (-1 by
-    default; 0 makes them children of the root, as SGLang's NGRAM pads). A named tuple: made on
-    every batch, it costs a fraction of a frozen dataclass."""
-
-    tokens: np.ndarray
-    parents: np.ndarray
-    scores: np.ndarray
-    num_nodes: np.ndarray
-    matched: np.ndarray
-
-    def row(self, b: int) -> Draft:
-        """The draft of request `b` without padding."""
-        n = int(self.num_nodes[b])
-        t, p, s, m = (a[b, :n] for a in (self.tokens, self.parents, self.scores, self.matched))
-        return Draft(t, p, s, n, m)
 
 
 # The knobs' defaults, from the core (one source for the wrapper, CLI, SGLang config, docs).
