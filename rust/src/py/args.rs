@@ -89,48 +89,41 @@ pub fn rid(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
     ))
 }
 
-/// A draft budget: an int in `[1, MAX_BUDGET]`.
-pub fn budget(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+/// `obj` as an int in `[lo, hi]` (bools refused), named `name` in the error; `or_none` says
+/// in the message that None is allowed too (the caller handles None).
+fn int_in(obj: &Bound<'_, PyAny>, name: &str, lo: i64, hi: i64, or_none: bool) -> PyResult<i64> {
     let py = obj.py();
+    let none = if or_none { " or None" } else { "" };
     if !is_int(obj)? {
         return Err(invalid(
             py,
-            format!("budget must be an int, got {}", type_name(obj)),
+            format!("{name} must be an int{none}, got {}", type_name(obj)),
         ));
     }
     match obj.extract::<i64>() {
-        Ok(b) if (1..=MAX_BUDGET as i64).contains(&b) => Ok(b as usize),
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
         _ => Err(invalid(
             py,
-            format!("budget must be in [1, {MAX_BUDGET}], got {obj}"),
+            format!("{name} must be in [{lo}, {hi}]{none}, got {obj}"),
         )),
     }
+}
+
+/// A draft budget: an int in `[1, MAX_BUDGET]`.
+pub fn budget(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    Ok(int_in(obj, "budget", 1, MAX_BUDGET as i64, false)? as usize)
 }
 
 /// An optional bound on a draft (`vocab`, `max_depth`): None, or an int in `[lo, hi]`.
 pub fn bound(
     obj: Option<&Bound<'_, PyAny>>,
     name: &str,
-    lo: u64,
-    hi: u64,
-) -> PyResult<Option<u64>> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else {
-        return Ok(None);
-    };
-    let py = obj.py();
-    if !is_int(obj)? {
-        return Err(invalid(
-            py,
-            format!("{name} must be an int or None, got {}", type_name(obj)),
-        ));
-    }
-    match obj.extract::<u64>() {
-        Ok(v) if (lo..=hi).contains(&v) => Ok(Some(v)),
-        _ => Err(invalid(
-            py,
-            format!("{name} must be in [{lo}, {hi}] or None, got {obj}"),
-        )),
-    }
+    lo: i64,
+    hi: i64,
+) -> PyResult<Option<i64>> {
+    obj.filter(|o| !o.is_none())
+        .map(|o| int_in(o, name, lo, hi, true))
+        .transpose()
 }
 
 /// `multi_branch`: a bool (Python's or numpy's); anything else is a likely mistake.

@@ -64,10 +64,11 @@ fn limits(
     max_depth: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Option<(u64, usize)>> {
     let vocab = args::bound(vocab, "vocab", 1, 1 << 32)?;
-    let depth = args::bound(max_depth, "max_depth", 0, u64::from(u32::MAX))?;
+    let depth = args::bound(max_depth, "max_depth", 0, i64::from(u32::MAX))?;
     Ok((vocab.is_some() || depth.is_some()).then(|| {
+        // Both are in range, so non-negative: the casts keep their values.
         let depth = depth.map_or(usize::MAX, |d| usize::try_from(d).unwrap_or(usize::MAX));
-        (vocab.unwrap_or(1 << 32), depth)
+        (vocab.map_or(1 << 32, |v| v as u64), depth)
     }))
 }
 
