@@ -30,35 +30,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # What one process runs (the version under test is whichever `lookahead` PYTHONPATH finds).
 CHILD = r"""
-import json, sys, time
+import collections, json, sys
 import lookahead
-from benchmarks.llamacpp import gguf_of
-from benchmarks.traces import DEFAULT_QUESTIONS, select_questions
-from lookahead.cache import LookaheadCache
-from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel
+from research.llamacpp_host_split import prepared, timer
 
-cats = ("mt_bench", "qa", "math_reasoning")
-qs = [q for q in select_questions(str(DEFAULT_QUESTIONS), 3) if q["category"] in cats]
-m = LlamaCppModel(gguf_of(sys.argv[1]), 4096, 2, flash_attn="on")
-gen = LlamaCppGenerator(m)
-ids = [m.encode(q["turns"][0], chat=True) for q in qs]
-gen.generate(ids[0], 8)
-gen.cache = LookaheadCache()  # a fresh history: the warm-up's output drafts nothing
-spent = {"decode": 0.0, "llama_decode": 0.0}
-
-
-def timer(fn, key):
-    def timed(*a, **k):
-        t = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            spent[key] += time.perf_counter() - t
-    return timed
-
-
-m.decode = timer(m.decode, "decode")
-m.ll.llama_decode = timer(m.ll.llama_decode, "llama_decode")
+m, gen, ids = prepared(sys.argv[1], "mt_bench,qa,math_reasoning")
+spent = collections.defaultdict(float)
+wrap = timer(spent, collections.Counter())
+wrap(m, "decode", "decode")
+wrap(m.ll, "llama_decode", "llama_decode")
 host = steps = 0.0
 for x in ids:
     st = gen.generate(x, 128).stats

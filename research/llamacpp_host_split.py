@@ -23,25 +23,27 @@ from benchmarks.llamacpp import gguf_of
 from benchmarks.traces import DEFAULT_QUESTIONS, select_questions
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m research.llamacpp_host_split")
-    p.add_argument("--quant", default="q4_1")
-    p.add_argument("--categories", default="mt_bench,qa,math_reasoning")
-    p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args(argv)
-    import lookahead.llamacpp.generator as G
+def prepared(quant: str, categories: str, threads: int = 2) -> tuple:
+    """(model, generator, prompt ids): the default model's GGUF in `quant` (flash attention
+    on), 3 Spec-Bench prompts of each of `categories` (comma-separated) in its chat template,
+    and a generator warmed up on the first, with a fresh history (the warm-up's output drafts
+    nothing)."""
     from lookahead.cache import LookaheadCache
     from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel
 
-    cats = args.categories.split(",")
+    cats = categories.split(",")
     qs = [q for q in select_questions(str(DEFAULT_QUESTIONS), 3) if q["category"] in cats]
-    m = LlamaCppModel(gguf_of(args.quant), 4096, args.threads, flash_attn="on")
+    m = LlamaCppModel(gguf_of(quant), 4096, threads, flash_attn="on")
     gen = LlamaCppGenerator(m)
     ids = [m.encode(q["turns"][0], chat=True) for q in qs]
     gen.generate(ids[0], 8)
-    gen.cache = LookaheadCache()  # a fresh history: the warm-up's output drafts nothing
-    seconds: dict = collections.defaultdict(float)
-    calls: collections.Counter = collections.Counter()
+    gen.cache = LookaheadCache()
+    return m, gen, ids
+
+
+def timer(seconds: dict, calls: collections.Counter):
+    """`wrap(obj, name, label)`: puts a timed version of `obj.name` in its place, which adds
+    each call's seconds to `seconds[label]` and counts it in `calls[label]`."""
 
     def wrap(obj, name: str, label: str) -> None:
         f = getattr(obj, name)
@@ -56,6 +58,21 @@ def main(argv=None) -> int:
 
         setattr(obj, name, timed)
 
+    return wrap
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m research.llamacpp_host_split")
+    p.add_argument("--quant", default="q4_1")
+    p.add_argument("--categories", default="mt_bench,qa,math_reasoning")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    import lookahead.llamacpp.generator as G
+
+    m, gen, ids = prepared(args.quant, args.categories, args.threads)
+    seconds: dict = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    wrap = timer(seconds, calls)
     for name in ("step", "draft", "extend"):
         wrap(gen.cache, name, f"cache.{name}")
     for name in ("cut", "observe"):
