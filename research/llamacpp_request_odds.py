@@ -52,19 +52,43 @@ class RequestOdds:
         self.odds = math.exp(self.log_odds)
 
 
+def expected_under(table, cal, scores, parents, matched) -> list:
+    """`AcceptanceCalibration.expected` (the core's rule) read off `table` instead of the
+    calibration's own: a node's chance times its parent's, capped by what its parent has left
+    once its earlier siblings took theirs; `[k - 1]` for the first k nodes."""
+    sc, par = [float(x) for x in scores], [int(p) for p in parents]
+    cond = [s / (sc[p - 1] if p else 1.0) if (sc[p - 1] if p else 1.0) > 0 else 0.0
+            for s, p in zip(sc, par)]  # fmt: skip
+    chances = table[cal.groups(np.asarray(matched, dtype=np.int64)), cal.bands(cond)].tolist()
+    left, chance, out, total = [1.0] * (len(sc) + 1), [1.0] * (len(sc) + 1), [], 0.0
+    for i, p in enumerate(par):
+        c = max(min(chances[i] * chance[p], left[p]), 0.0)
+        left[p] -= c
+        chance[i + 1] = left[i + 1] = c
+        total += c
+        out.append(total)
+    return out
+
+
 def correct(gen, log: list, where: dict) -> None:
-    """Makes `gen`'s greedy sizer cut by the request's corrected chances, and logs
-    (category, table chance, corrected chance, followed) for every node outcome it learns."""
-    from lookahead.calibration import AcceptanceCalibration, outcomes
+    """Makes `gen`'s greedy sizer cut by the request's corrected chances (the cut's rule in
+    Python over the corrected table: the core's cut reads its own), and logs (category, table
+    chance, corrected chance, followed) for every node outcome it learns."""
+    from lookahead.calibration import outcomes
+    from lookahead.sizing import choose_nodes, passes_min_score
 
     sizer, odds = gen.sizer, RequestOdds()
     cal = sizer.calibration[False]
-    table_of = AcceptanceCalibration.table
 
-    def corrected_table():
-        table = table_of(cal)
-        f = odds.odds
-        return table if f == 1.0 else scaled(table, f)
+    def cut(scores, parents, matched, context_len, last, sampled):
+        if sampled or odds.odds == 1.0:
+            return sizer_cut(scores, parents, matched, context_len, last, sampled)
+        curve = sizer.learned.curve(context_len)
+        e = expected_under(scaled(cal.table(), odds.odds), cal, scores, parents, matched)
+        k = choose_nodes(
+            np.array(e), curve, sizer.host_s[False], sizer.learned.switch_frac * curve[1]
+        )
+        return passes_min_score(scores, k, sizer.min_score)
 
     def observe(step):
         if step.drafted is not None and not step.sampled:
@@ -73,7 +97,7 @@ def correct(gen, log: list, where: dict) -> None:
             sc, par = scores.tolist(), parents.tolist()
             cond = [sc[j] / sc[par[j]] if sc[par[j]] > 0 else 0.0 for j in nodes]
             groups = cal.groups(np.array([int(matched[j]) for j in nodes], dtype=np.int64))
-            chances = table_of(cal)[groups, cal.bands(np.array(cond))].tolist()
+            chances = cal.table()[groups, cal.bands(np.array(cond))].tolist()
             for c, y in zip(chances, followed):
                 log.append((where["category"], c, scaled(c, odds.odds), y))
             odds.observe(chances, followed)
@@ -83,9 +107,8 @@ def correct(gen, log: list, where: dict) -> None:
         odds.reset()
         sizer_finish()
 
-    sizer_observe, sizer_finish = sizer.observe, sizer.finish
-    cal.table = corrected_table
-    sizer.observe, sizer.finish = observe, finish
+    sizer_cut, sizer_observe, sizer_finish = sizer.cut, sizer.observe, sizer.finish
+    sizer.cut, sizer.observe, sizer.finish = cut, observe, finish
 
 
 def main(argv=None) -> int:

@@ -123,7 +123,7 @@ def test_a_parent_scored_zero_gives_its_children_no_chance():
 
 def reference_expected(table, scores, parents, matched) -> np.ndarray:
     """`AcceptanceCalibration.expected` as it was written in Python (until the core took it
-    over): the reference the core's `expected_lengths` must equal bit for bit."""
+    over): the reference the core's `AcceptanceCalibration.expected` must equal bit for bit."""
     import bisect
 
     from lookahead.calibration import BAND_EDGES, MATCH_EDGES
@@ -168,8 +168,6 @@ def drafts(draw):
 @settings(max_examples=300, deadline=None)
 @given(drafts(), st.floats(0.0, 0.05), st.sampled_from([0.0, 0.0, 0.1, 0.7]))
 def test_the_cores_cut_is_the_python_rule(draft, host_s, switch_s):
-    from lookahead._core import choose_prefix
-
     scores, parents, matched, seed = draft
     rng = np.random.default_rng(seed)
     cal = AcceptanceCalibration()
@@ -183,19 +181,20 @@ def test_the_cores_cut_is_the_python_rule(draft, host_s, switch_s):
     costs = curve(lambda r: 1.0 + 0.3 * (r - 1) + (0.5 if r % 4 == 0 else 0.0))
     if seed % 3 == 0:
         costs = curve(lambda r: 1.0 + 0.9 * (r > 1) + 0.45 * max(r - 2, 0))  # Q4_1-like
-    got = choose_prefix(cal.native_args(scores, parents, matched), costs, host_s, switch_s)
+    # The core's cut, from the draft's own dtypes (float32 scores, int32 parents, uint8 matched).
+    got = cal.choose(scores, parents, matched, costs, host_s, switch_s)
     assert got == choose_nodes(ref, costs, host_s, switch_s)
 
 
 def test_the_cores_cut_refuses_bad_drafts():
-    from lookahead._core import choose_prefix, expected_lengths
+    from lookahead._core import Calibration
     from lookahead.calibration import BAND_EDGES, MATCH_EDGES
     from lookahead.errors import InvalidInput
 
     cal = AcceptanceCalibration()
-    t, c = cal.table(), curve(lambda r: float(r))
+    c = curve(lambda r: float(r))
     ok = (np.array([0.5, 0.2]), np.array([0, 1], dtype=np.int32), np.zeros(2, dtype=np.uint8))
-    assert choose_prefix((t, BAND_EDGES, MATCH_EDGES, *ok), c, 0.0, 0.0) == 0
+    assert cal.choose(*ok, c, 0.0, 0.0) == 0
     bad = [
         (np.array([0.5, 0.2]), np.array([0, 2], dtype=np.int32)),  # a parent after its child
         (np.array([0.5, 0.2]), np.array([-1, 0], dtype=np.int32)),
@@ -204,13 +203,95 @@ def test_the_cores_cut_refuses_bad_drafts():
     ]
     for scores, parents in bad:
         with pytest.raises(InvalidInput):
-            expected_lengths((t, BAND_EDGES, MATCH_EDGES, scores, parents, np.zeros(2, np.uint8)))
-    with pytest.raises(InvalidInput, match="table"):
-        expected_lengths((np.ascontiguousarray(t[:, :-1]), BAND_EDGES, MATCH_EDGES, *ok))
+            cal.expected(scores, parents, np.zeros(2, np.uint8))
+        with pytest.raises(InvalidInput):
+            cal.choose(scores, parents, np.zeros(2, np.uint8), c, 0.0, 0.0)
     with pytest.raises(InvalidInput, match="ascending"):
-        expected_lengths((t, BAND_EDGES[::-1].copy(), MATCH_EDGES, *ok))
-    with pytest.raises(TypeError):  # numpy's dtype is checked, not converted, by the core
-        expected_lengths((t, BAND_EDGES, MATCH_EDGES, ok[0].astype(np.float32), *ok[1:]))
+        Calibration(BAND_EDGES[::-1].copy(), MATCH_EDGES, 8.0, 0.998)
+    with pytest.raises(InvalidInput, match="ascending"):
+        Calibration(BAND_EDGES, MATCH_EDGES[::-1].copy(), 8.0, 0.998)
+    for w, d in ((0.0, 0.998), (np.inf, 0.998), (8.0, 0.0), (8.0, 1.5), (np.nan, 0.998)):
+        with pytest.raises(InvalidInput):
+            AcceptanceCalibration(w, d)
+    with pytest.raises(InvalidInput):
+        cal.prior_weight = -1.0
+    with pytest.raises(TypeError):  # a draft's arrays are numbers, not text
+        cal.choose(np.array(["a", "b"]), *ok[1:], c, 0.0, 0.0)
+    # A step's outcomes name nodes of the tree: a path beyond it or a parent after its child
+    # is refused before anything is counted.
+    tokens, parents = np.array([9, 10, 11], np.int32), np.array([-1, 0, 1], np.int32)
+    scores, matched = np.array([1.0, 0.5, 0.2], np.float32), np.zeros(3, np.uint8)
+    for path, emitted in (([0, 3], [10, 1]), ([0, 1], [10])):
+        with pytest.raises(InvalidInput):
+            cal.learn(tokens, parents, scores, matched, path, emitted)
+    with pytest.raises(InvalidInput):
+        cal.learn(tokens, np.array([-1, 2, 1], np.int32), scores, matched, [0], [10])
+    assert cal.offered.sum() == 0
+
+
+def reference_isotonic(v, w) -> list:
+    """The non-decreasing sequence nearest `v` in `w`-weighted squares, pool-adjacent-
+    violators as it was written in Python (until the core took the table over)."""
+    vals, wts, sizes = [], [], []
+    for x, y in zip(v, w):
+        vals.append(x)
+        wts.append(y)
+        sizes.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            y2, y1 = wts.pop(), wts.pop()
+            x2, x1 = vals.pop(), vals.pop()
+            n = sizes.pop() + sizes.pop()
+            vals.append((x1 * y1 + x2 * y2) / (y1 + y2))
+            wts.append(y1 + y2)
+            sizes.append(n)
+    return [x for x, n in zip(vals, sizes) for _ in range(n)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(drafts(), st.integers(0, 2**31), st.booleans())
+def test_the_cores_learning_is_the_python_rule(draft, seed, sampled):
+    """A step learnt by the core (`learn`) counts what `outcomes` and `conditional` say, faded
+    by `decay` a step, and its table is the prior-weighted rate made monotone by PAV."""
+    from lookahead.calibration import DECAY, PRIOR_WEIGHT, conditional, outcomes
+
+    scores, parents, matched, _ = draft
+    rng = np.random.default_rng(seed)
+    n = len(scores) + 1
+    tokens = np.concatenate(([7], rng.integers(0, 4, n - 1))).astype(np.int32)
+    tree_parents = np.concatenate(([-1], parents)).astype(np.int32)
+    tree_scores = np.concatenate(([1.0], scores)).astype(np.float32)
+    tree_matched = np.concatenate(([0], matched)).astype(np.uint8)
+    cal = AcceptanceCalibration()
+    offered, accepted = np.zeros((5, 12)), np.zeros((5, 12))
+    for _ in range(3):
+        # A path down the tree: each step to a random child, stopping at random.
+        path = [0]
+        while rng.uniform() < 0.7:
+            kids = [j for j in range(1, n) if tree_parents[j] == path[-1]]
+            if not kids:
+                break
+            path.append(int(rng.choice(kids)))
+        emitted = [int(tokens[j]) for j in path[1:]] + [int(rng.integers(0, 5))]
+        verified = int(rng.integers(1, n + 1)) if sampled else None
+        if sampled:
+            path = [j for j in path if j < verified]
+            emitted = emitted[: len(path) - 1] + [int(rng.integers(0, 5))]
+        got = cal.learn(tokens, tree_parents, tree_scores, tree_matched, path, emitted, verified)
+        nodes, followed = outcomes(tokens, tree_parents, path, emitted, verified)
+        assert got == (len(path) - 1 if sampled else int(sum(followed)))
+        cond = conditional(tree_scores[1:], parents)[np.array(nodes, dtype=np.int64) - 1]
+        offered *= DECAY
+        accepted *= DECAY
+        for c, m, f in zip(cond, tree_matched[nodes], followed):
+            cell = cal.groups([m])[0], cal.bands([c])[0]
+            offered[cell] += 1
+            accepted[cell] += f
+    assert np.allclose(cal.offered, offered, rtol=1e-12, atol=0)
+    assert np.allclose(cal.accepted, accepted, rtol=1e-12, atol=0)
+    w = cal.offered + PRIOR_WEIGHT
+    v = (cal.accepted + PRIOR_WEIGHT * cal.prior) / w
+    want = [reference_isotonic(a, b) for a, b in zip(v.tolist(), w.tolist())]
+    assert np.allclose(cal.table(), want, rtol=1e-12, atol=0)
 
 
 def test_calibration_follows_a_change_of_workload():

@@ -129,7 +129,6 @@ def test_cost_aware_sizer_weighs_what_a_draft_adds_to_the_next_forward():
     s.start(None)
     one, draft = (np.array([0.6]), np.array([0]), np.zeros(1)), 1
     s.calibration[False].prior_weight = 1e9  # chances: the scores as given
-    s.calibration[False]._table = None
     assert s.cut(*one, 100, 0, False) == draft
     for _ in range(3 * WINDOW):
         s.observe(_step(1, [0], None, forward_s=1.0))

@@ -14,8 +14,8 @@ __all__ = [
     "_panic_for_test",
     "_time_index",
     "_time_compaction",
-    "expected_lengths",
-    "choose_prefix",
+    "Calibration",
+    "outcomes",
     "DEFAULTS",
     "MAX_BUDGET",
     "MAX_CAPACITY_NODES",
@@ -177,19 +177,48 @@ def _panic_for_test() -> None: ...
 def _time_index(tokens: _U32, max_depth: int) -> tuple[int, int, int]: ...
 def _time_compaction(tokens: _U32, max_depth: int) -> tuple[int, int, int]: ...
 
-# The cost-aware sizer's per-step arithmetic (`lookahead.calibration`, `lookahead.sizing`):
-# `draft` is (chances, bands, groups, scores, parents, matched),
-# `AcceptanceCalibration.native_args`.
-_DraftArrays = tuple[
-    npt.NDArray[np.float64],
-    npt.NDArray[np.float64],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.float64],
-    npt.NDArray[np.int32],
-    npt.NDArray[np.uint8],
-]
+# The acceptance calibration and the cost-aware cut read off it (`lookahead.calibration`,
+# `lookahead.sizing`). Ints: int32 / int64 / uint8 arrays or sequences of ints; floats:
+# float32 / float64 arrays or sequences of numbers.
+_Ints = npt.NDArray[np.int32] | npt.NDArray[np.int64] | npt.NDArray[np.uint8] | list[int]
+_Floats = npt.NDArray[np.float32] | npt.NDArray[np.float64] | list[float]
 
-def expected_lengths(draft: _DraftArrays) -> npt.NDArray[np.float64]: ...
-def choose_prefix(
-    draft: _DraftArrays, costs: npt.NDArray[np.float64], host_s: float, switch_s: float
-) -> int: ...
+class Calibration:
+    def __new__(
+        cls, bands: _Floats, groups: _Ints, prior_weight: float, decay: float
+    ) -> Calibration: ...
+    prior_weight: float
+    @property
+    def decay(self) -> float: ...
+    @property
+    def offered(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def accepted(self) -> npt.NDArray[np.float64]: ...
+    def table(self) -> npt.NDArray[np.float64]: ...
+    def observe(self, cond: _Floats, matched: _Ints, followed: _Floats) -> None: ...
+    def learn(
+        self,
+        tokens: _Ints,
+        parents: _Ints,
+        scores: _Floats,
+        matched: _Ints,
+        path: _Ints,
+        emitted: _Ints,
+        verified: int | None = None,
+    ) -> int: ...
+    def expected(
+        self, scores: _Floats, parents: _Ints, matched: _Ints
+    ) -> npt.NDArray[np.float64]: ...
+    def choose(
+        self,
+        scores: _Floats,
+        parents: _Ints,
+        matched: _Ints,
+        costs: npt.NDArray[np.float64],
+        host_s: float,
+        switch_s: float,
+    ) -> int: ...
+
+def outcomes(
+    tokens: _Ints, parents: _Ints, path: _Ints, emitted: _Ints, verified: int | None = None
+) -> tuple[list[int], list[float]]: ...

@@ -12,7 +12,7 @@ forward cost and what it accepted. Two policies implement it:
   measurement, `lookahead.costs`, corrected by every forward the engine runs,
   `lookahead.learned_costs`, and kept for the next run), plus what a draft adds to the
   one-row forward after it (`LearnedCosts.switch_frac`: llama.cpp builds a new graph there).
-  The arithmetic of each cut runs in the Rust core (`lookahead._core.choose_prefix`).
+  The cut and the learning run in the Rust core (`AcceptanceCalibration.choose`, `.learn`).
 - `FixedSizer`: `budget` nodes, `max_budget` after a step that accepted `deep_accept` or more
   (a request that is copying gets the wider tree while it lasts); the shorthand
   `LookaheadGenerator(budget=...)` builds one.
@@ -34,9 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
-from lookahead._core import choose_prefix
 from lookahead.args import is_int
-from lookahead.calibration import AcceptanceCalibration, learn
+from lookahead.calibration import AcceptanceCalibration
 
 # The widest draft the cost-aware choice considers (nodes besides the root); the measured
 # curve reaches one row further, and its widest row bounds the choice too.
@@ -173,7 +172,7 @@ def choose_nodes(
     the forward time of r rows (index 0 unused), `host_s` the step's time besides the
     forward, `switch_s` what any draft adds besides (to the one-row forward after it:
     `LearnedCosts.switch_frac`). Ties go to fewer nodes. (The engines' sizer runs the core's
-    `choose_prefix`, the same rule.)"""
+    `AcceptanceCalibration.choose`, the same rule.)"""
     k_max = min(len(expected), len(costs) - 2)
     if k_max <= 0:
         return 0
@@ -230,11 +229,11 @@ class CostAwareSizer:
 
     def cut(self, scores, parents, matched, context_len: int, last: int, sampled: bool) -> int:
         # `choose_nodes` over the calibration's `expected`, in one call of the core.
-        cal = self.calibration[sampled]
         curve = self.learned.curve(context_len)
-        draft = cal.native_args(scores, parents, matched)
         switch_s = self.learned.switch_frac * curve[1]
-        k = choose_prefix(draft, curve, self.host_s[sampled], switch_s)
+        k = self.calibration[sampled].choose(
+            scores, parents, matched, curve, self.host_s[sampled], switch_s
+        )
         return passes_min_score(scores, k, self.min_score)
 
     def observe(self, step: Step) -> int:
@@ -243,8 +242,9 @@ class CostAwareSizer:
         h[step.sampled] += HOST_EMA * (step.host_s - h[step.sampled])
         if step.drafted is None:
             return len(step.path) - 1
+        verified = step.rows if step.sampled else None
         cal = self.calibration[step.sampled]
-        return learn(cal, step.drafted, step.rows, step.path, step.emitted, step.sampled)
+        return cal.learn(*step.drafted, step.path, step.emitted, verified)
 
     def finish(self) -> None:
         """Mark the request's end in the learnt costs (the next request's first forward

@@ -4,6 +4,7 @@
 
 pub mod arena;
 pub mod cache;
+pub mod calibration;
 pub mod draft;
 pub mod error;
 pub mod evict;

@@ -2,9 +2,9 @@
 //! expected accepted length of each best-first prefix of a draft, from a table of acceptance
 //! chances, and the prefix that maximises expected tokens per second under a cost curve.
 //!
-//! The policy (what the table holds, how it is learnt, where the curve comes from) stays in
-//! Python (`lookahead.calibration`, `lookahead.learned_costs`); this is its inner loop, which
-//! ran every step in Python at 76-97 µs on llama.cpp's 135M model (a forward there is 8-10 ms).
+//! The table is the calibration's (crate::calibration, `lookahead.calibration`), the curve
+//! Python's (`lookahead.learned_costs`); this is the cut's inner loop, which ran every step in
+//! Python at 76-97 µs on llama.cpp's 135M model (a forward there is 8-10 ms).
 //! Every operation is the Python reference's (`AcceptanceCalibration.expected`,
 //! `choose_nodes`) in the same order in f64, so both give the same numbers bit for bit.
 
@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 
 /// The chance table and its axes: `chances[group * bands.len() + band]`, `bands` the score
 /// bands' lower edges (ascending, the first 0), `groups` the match groups' lower edges
-/// (ascending: group g holds `matched` in [groups[g-1], groups[g])).
+/// (ascending: group g holds `matched` in [groups[g-1], groups[g])), as
+/// `crate::calibration::Calibration::table` checks and builds it.
 pub struct ChanceTable<'a> {
     pub chances: &'a [f64],
     pub bands: &'a [f64],
@@ -20,27 +21,6 @@ pub struct ChanceTable<'a> {
 }
 
 impl ChanceTable<'_> {
-    /// Checks the shapes: `chances` holds (groups + 1) x bands entries, edges ascending.
-    pub fn check(&self) -> Result<()> {
-        let want = (self.groups.len() + 1) * self.bands.len();
-        if self.bands.is_empty() || self.chances.len() != want {
-            return Err(Error::InvalidInput(format!(
-                "the chance table must hold {} x {} entries, got {}",
-                self.groups.len() + 1,
-                self.bands.len(),
-                self.chances.len()
-            )));
-        }
-        let sorted_f = self.bands.windows(2).all(|w| w[0] <= w[1]);
-        let sorted_i = self.groups.windows(2).all(|w| w[0] <= w[1]);
-        if !sorted_f || !sorted_i || self.bands.iter().any(|x| x.is_nan()) {
-            return Err(Error::InvalidInput(
-                "the table's edges must be ascending".into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// `bisect.bisect_right(edges, x)` for the bands.
     fn band(&self, cond: f64) -> usize {
         let i = self.bands.partition_point(|&e| e <= cond);
@@ -179,15 +159,6 @@ mod tests {
         assert!(expected_lengths(&tab, &[0.5], &[-1], &[0], &mut out).is_err());
         assert!(expected_lengths(&tab, &[0.5, 0.2], &[0], &[0, 0], &mut out).is_err());
         assert!(expected_lengths(&tab, &[f64::NAN], &[0], &[0], &mut out).is_err());
-        assert!(table(&t[..5]).check().is_err());
-        let unsorted = [0.5, 0.0, 0.6];
-        let bad = ChanceTable {
-            chances: &t,
-            bands: &unsorted,
-            groups: &GROUPS,
-        };
-        assert!(bad.check().is_err());
-        assert!(table(&t).check().is_ok());
     }
 
     #[test]

@@ -18,8 +18,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::_panic_for_test, m)?)?;
     m.add_function(wrap_pyfunction!(cache::_time_index, m)?)?;
     m.add_function(wrap_pyfunction!(cache::_time_compaction, m)?)?;
-    m.add_function(wrap_pyfunction!(sizing::expected_lengths, m)?)?;
-    m.add_function(wrap_pyfunction!(sizing::choose_prefix, m)?)?;
+    m.add_class::<sizing::PyCalibration>()?;
+    m.add_function(wrap_pyfunction!(sizing::outcomes, m)?)?;
     // The one source of the knobs' defaults and bounds: the wrapper, the CLI, the SGLang
     // config and the docs' test read these.
     m.add(

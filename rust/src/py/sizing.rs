@@ -1,88 +1,267 @@
-//! `expected_lengths` and `choose_prefix`: the cost-aware sizer's per-step arithmetic
-//! (crate::sizing) for `lookahead.calibration` and `lookahead.sizing`.
+//! `lookahead._core.Calibration`: the acceptance calibration (crate::calibration) and the
+//! cost-aware cut read off it (crate::sizing), for `lookahead.calibration` and
+//! `lookahead.sizing`. A Python subclass (`AcceptanceCalibration`) gives it its policy.
 
-use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{PyArray1, PyArray2, PyReadonlyArray1};
 use pyo3::prelude::*;
 
 use super::errors::to_pyerr;
+use crate::calibration::Calibration;
 use crate::error::Result;
-use crate::sizing::{self, ChanceTable};
+use crate::sizing;
 
-/// A draft and the chance table it is read against, as Python passes them in one tuple
-/// (`AcceptanceCalibration.native_args`): `chances` [groups, bands] float64, `bands` float64
-/// and `groups` int64 lower edges, `scores` float64, `parents` int32 (0 the root, j node
-/// j - 1), `matched` uint8, each C-contiguous (else TypeError from numpy).
+/// Integers from numpy (int32, int64, uint8: the drafts' dtypes, read directly, strided or
+/// not) or any other sequence of ints (converted through Python).
 #[derive(FromPyObject)]
-pub struct DraftArrays<'py>(
-    PyReadonlyArray2<'py, f64>,
-    PyReadonlyArray1<'py, f64>,
-    PyReadonlyArray1<'py, i64>,
-    PyReadonlyArray1<'py, f64>,
-    PyReadonlyArray1<'py, i32>,
-    PyReadonlyArray1<'py, u8>,
-);
-
-/// The same arrays as slices.
-struct Draft<'a> {
-    table: ChanceTable<'a>,
-    scores: &'a [f64],
-    parents: &'a [i32],
-    matched: &'a [u8],
+pub enum Ints<'py> {
+    I32(PyReadonlyArray1<'py, i32>),
+    I64(PyReadonlyArray1<'py, i64>),
+    U8(PyReadonlyArray1<'py, u8>),
+    /// float64 truncated towards 0, as numpy's `astype` reads it (the cut's inputs were
+    /// converted so before the core took them over).
+    F64(PyReadonlyArray1<'py, f64>),
+    Other(Vec<i64>),
 }
 
-impl DraftArrays<'_> {
-    fn slices(&self) -> PyResult<Draft<'_>> {
-        Ok(Draft {
-            table: ChanceTable {
-                chances: self.0.as_slice()?,
-                bands: self.1.as_slice()?,
-                groups: self.2.as_slice()?,
-            },
-            scores: self.3.as_slice()?,
-            parents: self.4.as_slice()?,
-            matched: self.5.as_slice()?,
-        })
+impl Ints<'_> {
+    fn to_vec(&self) -> Vec<i64> {
+        match self {
+            Ints::I32(a) => a.as_array().iter().map(|&x| i64::from(x)).collect(),
+            Ints::I64(a) => a.as_array().iter().copied().collect(),
+            Ints::U8(a) => a.as_array().iter().map(|&x| i64::from(x)).collect(),
+            Ints::F64(a) => a.as_array().iter().map(|&x| x as i64).collect(),
+            Ints::Other(v) => v.clone(),
+        }
     }
 }
 
-fn expected(d: &Draft<'_>, out: &mut Vec<f64>) -> Result<()> {
-    d.table.check()?;
-    sizing::expected_lengths(&d.table, d.scores, d.parents, d.matched, out)
+/// Floats from numpy (float32: the drafts' scores; float64), read directly, or any other
+/// sequence of numbers.
+#[derive(FromPyObject)]
+pub enum Floats<'py> {
+    F32(PyReadonlyArray1<'py, f32>),
+    F64(PyReadonlyArray1<'py, f64>),
+    Other(Vec<f64>),
 }
 
-/// Expected accepted length of each best-first prefix of a draft without its root
-/// (`AcceptanceCalibration.expected`). InvalidInput on a bad shape or a parent after its
-/// child.
-#[pyfunction]
-pub fn expected_lengths<'py>(
-    py: Python<'py>,
-    draft: DraftArrays<'py>,
-) -> PyResult<Bound<'py, PyArray1<f64>>> {
-    let d = draft.slices()?;
-    let mut out = Vec::new();
-    py.detach(|| expected(&d, &mut out))
-        .map_err(|e| to_pyerr(py, e))?;
-    Ok(PyArray1::from_vec(py, out))
+impl Floats<'_> {
+    fn to_vec(&self) -> Vec<f64> {
+        match self {
+            Floats::F32(a) => a.as_array().iter().map(|&x| f64::from(x)).collect(),
+            Floats::F64(a) => a.as_array().iter().copied().collect(),
+            Floats::Other(v) => v.clone(),
+        }
+    }
 }
 
-/// How many of the draft's nodes to verify (`lookahead.sizing.choose_nodes` over
-/// `expected_lengths`): `costs` the forward's seconds by rows (index 0 unused), `host_s` the
-/// step's other seconds, `switch_s` what verifying any draft adds besides (to the next
-/// forward).
+/// A draft without its root as the cut reads it: path scores, parents (0 the root, j node
+/// j - 1), matched.
+fn draft(scores: &Floats<'_>, parents: &Ints<'_>, matched: &Ints<'_>) -> Draft {
+    let parents = parents.to_vec();
+    let parents = parents
+        .iter()
+        .map(|&p| i32::try_from(p).unwrap_or(-1))
+        .collect();
+    let matched = matched.to_vec();
+    let matched = matched.iter().map(|&m| m.clamp(0, 255) as u8).collect();
+    Draft {
+        scores: scores.to_vec(),
+        parents,
+        matched,
+    }
+}
+
+struct Draft {
+    scores: Vec<f64>,
+    parents: Vec<i32>,
+    matched: Vec<u8>,
+}
+
+/// The acceptance calibration: counts of draft nodes offered and followed per score band and
+/// match group, faded by age, and the chance table they give (non-decreasing in the score).
+#[pyclass(name = "Calibration", module = "lookahead._core", subclass)]
+pub struct PyCalibration {
+    inner: Calibration,
+}
+
+/// The draft's expected lengths under the calibration's table as it stands.
+fn expected_of(cal: &mut Calibration, d: &Draft) -> Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(d.scores.len());
+    let table = cal.table();
+    sizing::expected_lengths(&table, &d.scores, &d.parents, &d.matched, &mut out)?;
+    Ok(out)
+}
+
+impl PyCalibration {
+    fn grid<'py>(&self, py: Python<'py>, v: &[f64]) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let (g, b) = self.inner.shape();
+        let rows: Vec<Vec<f64>> = v.chunks(b).take(g).map(<[f64]>::to_vec).collect();
+        Ok(PyArray2::from_vec2(py, &rows)?)
+    }
+}
+
+#[pymethods]
+impl PyCalibration {
+    /// `bands`: the score bands' lower edges (ascending, from 0, below 1); `groups`: the match
+    /// groups' lower edges (ascending); the prior (each band's middle score) worth
+    /// `prior_weight` nodes per cell; `decay` the fading per step, in (0, 1].
+    #[new]
+    fn new(
+        py: Python<'_>,
+        bands: Floats<'_>,
+        groups: Ints<'_>,
+        prior_weight: f64,
+        decay: f64,
+    ) -> PyResult<Self> {
+        let inner = Calibration::new(&bands.to_vec(), &groups.to_vec(), prior_weight, decay)
+            .map_err(|e| to_pyerr(py, e))?;
+        Ok(PyCalibration { inner })
+    }
+
+    /// The prior's weight in nodes per cell (settable: the table follows).
+    #[getter]
+    fn prior_weight(&self) -> f64 {
+        self.inner.prior_weight()
+    }
+
+    #[setter]
+    fn set_prior_weight(&mut self, py: Python<'_>, w: f64) -> PyResult<()> {
+        self.inner.set_prior_weight(w).map_err(|e| to_pyerr(py, e))
+    }
+
+    #[getter]
+    fn decay(&self) -> f64 {
+        self.inner.decay()
+    }
+
+    /// `[group, band]`: nodes offered, faded by age.
+    #[getter]
+    fn offered<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        self.grid(py, self.inner.offered())
+    }
+
+    /// `[group, band]`: of them followed, faded alike.
+    #[getter]
+    fn accepted<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        self.grid(py, self.inner.accepted())
+    }
+
+    /// `[group, band]`: the chance that the target follows a node, non-decreasing in the band.
+    fn table<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let t = self.inner.table().chances.to_vec();
+        self.grid(py, &t)
+    }
+
+    /// One verify step's nodes whose parent the target accepted: their conditional scores,
+    /// `matched`, and whether it followed each (bools or 0 / 1). Earlier counts fade first.
+    fn observe(
+        &mut self,
+        py: Python<'_>,
+        cond: Floats<'_>,
+        matched: Ints<'_>,
+        followed: Floats<'_>,
+    ) -> PyResult<()> {
+        let (c, m) = (cond.to_vec(), matched.to_vec());
+        let f: Vec<bool> = followed.to_vec().iter().map(|&x| x != 0.0).collect();
+        self.inner.observe(&c, &m, &f).map_err(|e| to_pyerr(py, e))
+    }
+
+    /// Learns one verify step of a draft: `tokens`, `parents`, path `scores` and `matched` of
+    /// the whole tree before the cut (root first), the accepted `path` (root first) and the
+    /// step's `emitted` tokens; `verified` the verified nodes (root included) when the step
+    /// sampled, None when greedy. Returns what the draft accepted (greedy: one more where a
+    /// cut child of the last accepted node would have been accepted).
+    #[pyo3(signature = (tokens, parents, scores, matched, path, emitted, verified=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn learn(
+        &mut self,
+        py: Python<'_>,
+        tokens: Ints<'_>,
+        parents: Ints<'_>,
+        scores: Floats<'_>,
+        matched: Ints<'_>,
+        path: Ints<'_>,
+        emitted: Ints<'_>,
+        verified: Option<usize>,
+    ) -> PyResult<usize> {
+        let (t, p, s, m) = (
+            tokens.to_vec(),
+            parents.to_vec(),
+            scores.to_vec(),
+            matched.to_vec(),
+        );
+        let (path, emitted) = (path.to_vec(), emitted.to_vec());
+        let inner = &mut self.inner;
+        py.detach(|| inner.learn(&t, &p, &s, &m, &path, &emitted, verified))
+            .map_err(|e| to_pyerr(py, e))
+    }
+
+    /// Expected accepted length of each best-first prefix of a draft without its root
+    /// (`scores[i]` node i's path score, `parents[i]` its parent, 0 the root and j node
+    /// j - 1, `matched[i]` its match): `[k - 1]` for the first k nodes. InvalidInput on a
+    /// parent after its child or a NaN score.
+    fn expected<'py>(
+        &mut self,
+        py: Python<'py>,
+        scores: Floats<'py>,
+        parents: Ints<'py>,
+        matched: Ints<'py>,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let d = draft(&scores, &parents, &matched);
+        let inner = &mut self.inner;
+        let out = py
+            .detach(|| expected_of(inner, &d))
+            .map_err(|e| to_pyerr(py, e))?;
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// How many of the draft's nodes to verify (`lookahead.sizing.choose_nodes` over
+    /// `expected`): `costs` a forward's seconds by rows (index 0 unused), `host_s` the step's
+    /// other seconds, `switch_s` what verifying any draft adds besides (to the next forward).
+    #[allow(clippy::too_many_arguments)]
+    fn choose(
+        &mut self,
+        py: Python<'_>,
+        scores: Floats<'_>,
+        parents: Ints<'_>,
+        matched: Ints<'_>,
+        costs: PyReadonlyArray1<'_, f64>,
+        host_s: f64,
+        switch_s: f64,
+    ) -> PyResult<usize> {
+        let d = draft(&scores, &parents, &matched);
+        let (inner, costs) = (&mut self.inner, costs.as_slice()?);
+        py.detach(|| {
+            let out = expected_of(inner, &d)?;
+            Ok(sizing::choose_nodes(&out, costs, host_s, switch_s))
+        })
+        .map_err(|e| to_pyerr(py, e))
+    }
+}
+
+/// What a verify step says of a draft's nodes whose parent it accepted
+/// (crate::calibration::outcomes): `(nodes, followed)`.
 #[pyfunction]
-pub fn choose_prefix<'py>(
-    py: Python<'py>,
-    draft: DraftArrays<'py>,
-    costs: PyReadonlyArray1<'py, f64>,
-    host_s: f64,
-    switch_s: f64,
-) -> PyResult<usize> {
-    let d = draft.slices()?;
-    let costs = costs.as_slice()?;
-    py.detach(|| {
-        let mut out = Vec::with_capacity(d.scores.len());
-        expected(&d, &mut out)?;
-        Ok(sizing::choose_nodes(&out, costs, host_s, switch_s))
-    })
-    .map_err(|e| to_pyerr(py, e))
+#[pyo3(signature = (tokens, parents, path, emitted, verified=None))]
+pub fn outcomes(
+    py: Python<'_>,
+    tokens: Ints<'_>,
+    parents: Ints<'_>,
+    path: Ints<'_>,
+    emitted: Ints<'_>,
+    verified: Option<usize>,
+) -> PyResult<(Vec<usize>, Vec<f64>)> {
+    let (mut nodes, mut followed) = (Vec::new(), Vec::new());
+    crate::calibration::outcomes(
+        &tokens.to_vec(),
+        &parents.to_vec(),
+        &path.to_vec(),
+        &emitted.to_vec(),
+        verified,
+        &mut nodes,
+        &mut followed,
+    )
+    .map_err(|e| to_pyerr(py, e))?;
+    let followed = followed.iter().map(|&f| f64::from(u8::from(f))).collect();
+    Ok((nodes, followed))
 }
