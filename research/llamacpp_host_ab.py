@@ -1,16 +1,19 @@
 """A/B of two versions of the llama.cpp engine's Python side: its host time per step.
 
-    git archive OLD python | tar x -C /tmp/old       # the old version's package, then its core:
-    ln -s "$PWD"/python/lookahead/_core.abi3.so /tmp/old/python/lookahead/
+    git archive OLD python | tar x -C /tmp/old       # the old version's package, then a core:
+    ln -s "$PWD"/python/lookahead/_core.abi3.so /tmp/old/python/lookahead/   # this one, or its own
     python -m research.llamacpp_host_ab /tmp/old/python python [--quant q4_0] [--rounds 3]
 
 Each version runs in a process of its own (`PYTHONPATH` its `python/` folder first), one after
-the other in rounds whose order alternates, so the VM's drift hits both alike; both load the
-same core build (the old Python must work with it) and the same kept cost curve
+the other in rounds whose order alternates, so the VM's drift hits both alike; each loads the
+core in its folder (one build for both where the old Python works with it, else the old
+version's own, `cargo build --release --features python` at OLD copied in as
+`lookahead/_core.abi3.so`) and both the same kept cost curve
 (`$LOOKAHEAD_COST_DIR`). A process decodes 6 Spec-Bench prompts of mt_bench, qa and
 math_reasoning (128 new tokens, greedy, flash attention on, 2 threads) with lookahead and
 reports, per step: the step's host time besides the forward (`GenerationStats`: draft, tree
-inputs, verdict, KV bookkeeping, the rest) and the Python side of its forwards
+inputs, verdict, KV bookkeeping, the rest), the drafter's share of it (`drafter_s`: the trie's
+draft and extend, the sizer's cut and learning) and the Python side of its forwards
 (`model.decode` less `llama_decode`, the prompts' chunks counted in). Prints each process's numbers and the median of
 new / old over rounds.
 """
@@ -39,14 +42,16 @@ spent = collections.defaultdict(float)
 wrap = timer(spent, collections.Counter())
 wrap(m, "decode", "decode")
 wrap(m.ll, "llama_decode", "llama_decode")
-host = steps = 0.0
+host = steps = drafter = 0.0
 for x in ids:
     st = gen.generate(x, 128).stats
     host += st.draft_s + st.mask_s + st.verify_s + st.kv_s + st.other_s
+    drafter += st.drafter_s
     steps += st.steps
 fwd = spent["decode"] - spent["llama_decode"]
 print(json.dumps({"package": lookahead.__file__, "steps": steps,
-                  "host_us": 1e6 * host / steps, "decode_python_us": 1e6 * fwd / steps}))
+                  "host_us": 1e6 * host / steps, "drafter_us": 1e6 * drafter / steps,
+                  "decode_python_us": 1e6 * fwd / steps}))
 """
 
 
@@ -71,10 +76,11 @@ def main(argv=None) -> int:
         for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
             x = run(getattr(args, name), args.quant)
             got[name].append(x)
-            print(f"round {r} {name}: host {x['host_us']:.1f}  python side of the forward "
-                  f"{x['decode_python_us']:.1f}  ({x['steps']:.0f} steps; {x['package']})",
+            print(f"round {r} {name}: host {x['host_us']:.1f}  drafter {x['drafter_us']:.1f}  "
+                  f"python side of the forward {x['decode_python_us']:.1f}  "
+                  f"({x['steps']:.0f} steps; {x['package']})",
                   flush=True)  # fmt: skip
-    for key in ("host_us", "decode_python_us"):
+    for key in ("host_us", "drafter_us", "decode_python_us"):
         ratios = [n[key] / o[key] for n, o in zip(got["new"], got["old"], strict=True)]
         old = statistics.median(x[key] for x in got["old"])
         new = statistics.median(x[key] for x in got["new"])

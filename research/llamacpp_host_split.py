@@ -10,7 +10,8 @@ Spec-Bench prompts of the given categories (3 each; greedy, 128 new tokens, flas
 on). The timer costs well under a microsecond a call. Right after a forward the CPU's caches
 hold the model's weights, so each call here costs several times what it does in a loop of its
 own: this is the cost a step pays. `model.decode` less `llama_decode` is the Python side of a
-forward (the batch filled, the logits' array); its prompt chunks count in too.
+forward (the batch filled, the logits' array); its prompt chunks count in too. Last, how many
+of each draft's nodes the sizer's cut kept, as shares of its cuts.
 """
 
 from __future__ import annotations
@@ -73,11 +74,21 @@ def main(argv=None) -> int:
     seconds: dict = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
     wrap = timer(seconds, calls)
+    kept: collections.Counter = collections.Counter()  # nodes the sizer's cut kept, per step
+    cut = gen.sizer.cut
+
+    def counted(*a, **k):
+        n = cut(*a, **k)
+        kept[n] += 1
+        return n
+
+    gen.sizer.cut = counted
     for name in ("step", "draft", "extend"):
         wrap(gen.cache, name, f"cache.{name}")
     for name in ("cut", "observe"):
         wrap(gen.sizer, name, f"sizer.{name}")
-    wrap(gen.sizer.calibration[False], "expected", "  calibration.expected")
+    wrap(gen.sizer.calibration[False], "choose", "  calibration.choose")
+    wrap(gen.sizer.calibration[False], "learn", "  calibration.learn")
     wrap(gen.sizer.learned, "curve", "  learned.curve")
     wrap(gen.sizer.learned, "observe", "  learned.observe")
     wrap(m, "decode", "model.decode")
@@ -92,6 +103,9 @@ def main(argv=None) -> int:
     print(f"# {args.quant}, {len(ids)} prompts ({args.categories}), {steps} steps; us per step")
     for k in sorted(seconds, key=lambda k: -seconds[k]):
         print(f"{k:24s} {1e6 * seconds[k] / steps:9.1f}   calls/step {calls[k] / steps:.2f}")
+    total = sum(kept.values())
+    shares = "  ".join(f"{k}: {100 * n / total:.1f} %" for k, n in sorted(kept.items()))
+    print(f"nodes the cut kept (of drafts up to {gen.sizer.budget(0)}): {shares}")
     return 0
 
 
