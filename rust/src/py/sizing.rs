@@ -2,73 +2,76 @@
 //! cost-aware cut read off it (crate::sizing), for `lookahead.calibration` and
 //! `lookahead.sizing`. A Python subclass (`AcceptanceCalibration`) gives it its policy.
 
-use numpy::{PyArray1, PyArray2, PyReadonlyArray1};
+use numpy::{Element, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
 use super::errors::to_pyerr;
 use crate::calibration::Calibration;
 use crate::error::Result;
 use crate::sizing;
 
-/// Integers from numpy (int32, int64, uint8: the drafts' dtypes, read directly, strided or
-/// not) or any other sequence of ints (converted through Python).
-#[derive(FromPyObject)]
-pub enum Ints<'py> {
-    I32(PyReadonlyArray1<'py, i32>),
-    I64(PyReadonlyArray1<'py, i64>),
-    U8(PyReadonlyArray1<'py, u8>),
-    /// float64 truncated towards 0, as numpy's `astype` reads it (the cut's inputs were
-    /// converted so before the core took them over).
-    F64(PyReadonlyArray1<'py, f64>),
-    Other(Vec<i64>),
-}
-
-impl Ints<'_> {
-    fn to_vec(&self) -> Vec<i64> {
-        match self {
-            Ints::I32(a) => a.as_array().iter().map(|&x| i64::from(x)).collect(),
-            Ints::I64(a) => a.as_array().iter().copied().collect(),
-            Ints::U8(a) => a.as_array().iter().map(|&x| i64::from(x)).collect(),
-            Ints::F64(a) => a.as_array().iter().map(|&x| x as i64).collect(),
-            Ints::Other(v) => v.clone(),
-        }
+/// Integers from a 1-D numpy array of int32, int64 or uint8 (a draft's dtypes, read
+/// directly, strided or not), of float64 (truncated towards 0, as numpy's `astype` reads it:
+/// the cut's inputs were converted so before the core took them over), or from a list or any
+/// other sequence of ints. Each kind is tried by a type check, not by a failed conversion: a
+/// step calls this six times right after a forward.
+pub fn ints(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    if let Ok(l) = obj.cast::<PyList>() {
+        return l.iter().map(|x| x.extract::<i64>()).collect();
     }
-}
-
-/// Floats from numpy (float32: the drafts' scores; float64), read directly, or any other
-/// sequence of numbers.
-#[derive(FromPyObject)]
-pub enum Floats<'py> {
-    F32(PyReadonlyArray1<'py, f32>),
-    F64(PyReadonlyArray1<'py, f64>),
-    Other(Vec<f64>),
-}
-
-impl Floats<'_> {
-    fn to_vec(&self) -> Vec<f64> {
-        match self {
-            Floats::F32(a) => a.as_array().iter().map(|&x| f64::from(x)).collect(),
-            Floats::F64(a) => a.as_array().iter().copied().collect(),
-            Floats::Other(v) => v.clone(),
-        }
+    if let Ok(a) = obj.cast::<PyArray1<i32>>() {
+        return Ok(read(a).map(i64::from).collect());
     }
+    if let Ok(a) = obj.cast::<PyArray1<u8>>() {
+        return Ok(read(a).map(i64::from).collect());
+    }
+    if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+        return Ok(read(a).collect());
+    }
+    if let Ok(a) = obj.cast::<PyArray1<f64>>() {
+        return Ok(read(a).map(|x| x as i64).collect());
+    }
+    obj.extract::<Vec<i64>>()
+}
+
+/// Floats from a 1-D numpy array of float32 (a draft's scores) or float64, read directly, or
+/// from any other sequence of numbers.
+pub fn floats(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+    if let Ok(a) = obj.cast::<PyArray1<f32>>() {
+        return Ok(read(a).map(f64::from).collect());
+    }
+    if let Ok(a) = obj.cast::<PyArray1<f64>>() {
+        return Ok(read(a).collect());
+    }
+    obj.extract::<Vec<f64>>()
+}
+
+/// The elements of a 1-D array, copied at once while the GIL is held (no borrow is kept).
+fn read<T: Element + Copy>(a: &Bound<'_, PyArray1<T>>) -> impl Iterator<Item = T> {
+    let v = a.to_vec().unwrap_or_else(|_| a.to_owned_array().to_vec());
+    v.into_iter()
 }
 
 /// A draft without its root as the cut reads it: path scores, parents (0 the root, j node
 /// j - 1), matched.
-fn draft(scores: &Floats<'_>, parents: &Ints<'_>, matched: &Ints<'_>) -> Draft {
-    let parents = parents.to_vec();
+fn draft(
+    scores: &Bound<'_, PyAny>,
+    parents: &Bound<'_, PyAny>,
+    matched: &Bound<'_, PyAny>,
+) -> PyResult<Draft> {
+    let parents = ints(parents)?;
     let parents = parents
         .iter()
         .map(|&p| i32::try_from(p).unwrap_or(-1))
         .collect();
-    let matched = matched.to_vec();
+    let matched = ints(matched)?;
     let matched = matched.iter().map(|&m| m.clamp(0, 255) as u8).collect();
-    Draft {
-        scores: scores.to_vec(),
+    Ok(Draft {
+        scores: floats(scores)?,
         parents,
         matched,
-    }
+    })
 }
 
 struct Draft {
@@ -108,12 +111,12 @@ impl PyCalibration {
     #[new]
     fn new(
         py: Python<'_>,
-        bands: Floats<'_>,
-        groups: Ints<'_>,
+        bands: Bound<'_, PyAny>,
+        groups: Bound<'_, PyAny>,
         prior_weight: f64,
         decay: f64,
     ) -> PyResult<Self> {
-        let inner = Calibration::new(&bands.to_vec(), &groups.to_vec(), prior_weight, decay)
+        let inner = Calibration::new(&floats(&bands)?, &ints(&groups)?, prior_weight, decay)
             .map_err(|e| to_pyerr(py, e))?;
         Ok(PyCalibration { inner })
     }
@@ -157,12 +160,12 @@ impl PyCalibration {
     fn observe(
         &mut self,
         py: Python<'_>,
-        cond: Floats<'_>,
-        matched: Ints<'_>,
-        followed: Floats<'_>,
+        cond: Bound<'_, PyAny>,
+        matched: Bound<'_, PyAny>,
+        followed: Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let (c, m) = (cond.to_vec(), matched.to_vec());
-        let f: Vec<bool> = followed.to_vec().iter().map(|&x| x != 0.0).collect();
+        let (c, m) = (floats(&cond)?, ints(&matched)?);
+        let f: Vec<bool> = floats(&followed)?.iter().map(|&x| x != 0.0).collect();
         self.inner.observe(&c, &m, &f).map_err(|e| to_pyerr(py, e))
     }
 
@@ -176,21 +179,21 @@ impl PyCalibration {
     fn learn(
         &mut self,
         py: Python<'_>,
-        tokens: Ints<'_>,
-        parents: Ints<'_>,
-        scores: Floats<'_>,
-        matched: Ints<'_>,
-        path: Ints<'_>,
-        emitted: Ints<'_>,
+        tokens: Bound<'_, PyAny>,
+        parents: Bound<'_, PyAny>,
+        scores: Bound<'_, PyAny>,
+        matched: Bound<'_, PyAny>,
+        path: Bound<'_, PyAny>,
+        emitted: Bound<'_, PyAny>,
         verified: Option<usize>,
     ) -> PyResult<usize> {
         let (t, p, s, m) = (
-            tokens.to_vec(),
-            parents.to_vec(),
-            scores.to_vec(),
-            matched.to_vec(),
+            ints(&tokens)?,
+            ints(&parents)?,
+            floats(&scores)?,
+            ints(&matched)?,
         );
-        let (path, emitted) = (path.to_vec(), emitted.to_vec());
+        let (path, emitted) = (ints(&path)?, ints(&emitted)?);
         let inner = &mut self.inner;
         py.detach(|| inner.learn(&t, &p, &s, &m, &path, &emitted, verified))
             .map_err(|e| to_pyerr(py, e))
@@ -203,11 +206,11 @@ impl PyCalibration {
     fn expected<'py>(
         &mut self,
         py: Python<'py>,
-        scores: Floats<'py>,
-        parents: Ints<'py>,
-        matched: Ints<'py>,
+        scores: Bound<'_, PyAny>,
+        parents: Bound<'_, PyAny>,
+        matched: Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
-        let d = draft(&scores, &parents, &matched);
+        let d = draft(&scores, &parents, &matched)?;
         let inner = &mut self.inner;
         let out = py
             .detach(|| expected_of(inner, &d))
@@ -222,18 +225,18 @@ impl PyCalibration {
     fn choose(
         &mut self,
         py: Python<'_>,
-        scores: Floats<'_>,
-        parents: Ints<'_>,
-        matched: Ints<'_>,
-        costs: PyReadonlyArray1<'_, f64>,
+        scores: Bound<'_, PyAny>,
+        parents: Bound<'_, PyAny>,
+        matched: Bound<'_, PyAny>,
+        costs: Bound<'_, PyAny>,
         host_s: f64,
         switch_s: f64,
     ) -> PyResult<usize> {
-        let d = draft(&scores, &parents, &matched);
-        let (inner, costs) = (&mut self.inner, costs.as_slice()?);
+        let d = draft(&scores, &parents, &matched)?;
+        let (inner, costs) = (&mut self.inner, floats(&costs)?);
         py.detach(|| {
             let out = expected_of(inner, &d)?;
-            Ok(sizing::choose_nodes(&out, costs, host_s, switch_s))
+            Ok(sizing::choose_nodes(&out, &costs, host_s, switch_s))
         })
         .map_err(|e| to_pyerr(py, e))
     }
@@ -245,18 +248,18 @@ impl PyCalibration {
 #[pyo3(signature = (tokens, parents, path, emitted, verified=None))]
 pub fn outcomes(
     py: Python<'_>,
-    tokens: Ints<'_>,
-    parents: Ints<'_>,
-    path: Ints<'_>,
-    emitted: Ints<'_>,
+    tokens: Bound<'_, PyAny>,
+    parents: Bound<'_, PyAny>,
+    path: Bound<'_, PyAny>,
+    emitted: Bound<'_, PyAny>,
     verified: Option<usize>,
 ) -> PyResult<(Vec<usize>, Vec<f64>)> {
     let (mut nodes, mut followed) = (Vec::new(), Vec::new());
     crate::calibration::outcomes(
-        &tokens.to_vec(),
-        &parents.to_vec(),
-        &path.to_vec(),
-        &emitted.to_vec(),
+        &ints(&tokens)?,
+        &ints(&parents)?,
+        &ints(&path)?,
+        &ints(&emitted)?,
         verified,
         &mut nodes,
         &mut followed,
