@@ -7,9 +7,10 @@ in `lookahead.sizing.choose_nodes` weighs rows against these chances).
 The policy is here (the bands, the groups, the prior, the fading); the counting, the table and
 the cut read off it run in the Rust core (`lookahead._core.Calibration`, which
 `AcceptanceCalibration` extends): one call per verify step to learn (`learn`) and one to cut
-(`CostAwareSizer.cut`), where the same work in Python (a dozen numpy calls and a loop over the
-tree, right after a forward with the CPU's caches full of weights) cost 50-60 us a step on
-llama.cpp's 135M model.
+(`CostAwareSizer.cut`). The same work in Python (a dozen numpy calls and a loop over the tree,
+right after a forward with the CPU's caches full of weights) had the llama.cpp engine's drafter
+spend 170 us a step on the 135M model, 114 us after the move (research/README.md,
+`llamacpp_host_ab`).
 """
 
 from __future__ import annotations
