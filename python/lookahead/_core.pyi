@@ -5,6 +5,7 @@ from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 __all__ = [
     "Cache",
@@ -183,6 +184,8 @@ def _time_compaction(tokens: _U32, max_depth: int) -> tuple[int, int, int]: ...
 _Ints = npt.NDArray[np.int32] | npt.NDArray[np.int64] | npt.NDArray[np.uint8] | list[int]
 _Floats = npt.NDArray[np.float32] | npt.NDArray[np.float64] | list[float]
 
+# A native base: `lookahead.calibration.AcceptanceCalibration` extends it.
+@disjoint_base
 class Calibration:
     def __new__(
         cls, bands: _Floats, groups: _Ints, prior_weight: float, decay: float
