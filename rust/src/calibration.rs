@@ -109,11 +109,7 @@ impl Calibration {
                 "the match groups' edges must be ascending".into(),
             ));
         }
-        if !(prior_weight > 0.0 && prior_weight.is_finite()) {
-            return Err(Error::InvalidInput(format!(
-                "prior_weight must be a finite number > 0, got {prior_weight}"
-            )));
-        }
+        check_prior_weight(prior_weight)?;
         if !(decay > 0.0 && decay <= 1.0) {
             return Err(Error::InvalidInput(format!(
                 "decay must be in (0, 1], got {decay}"
@@ -163,10 +159,15 @@ impl Calibration {
 
     /// Sets the prior's weight (> 0): the table follows at its next read.
     pub fn set_prior_weight(&mut self, w: f64) -> Result<()> {
-        let fresh = Calibration::new(&self.bands, &self.groups, w, self.decay)?;
-        self.prior_weight = fresh.prior_weight;
+        check_prior_weight(w)?;
+        self.prior_weight = w;
         self.stale = true;
         Ok(())
+    }
+
+    /// The prior's chance per score band: the band's middle score.
+    pub fn prior(&self) -> &[f64] {
+        &self.prior
     }
 
     fn cell(&self, cond: f64, matched: i64) -> usize {
@@ -237,40 +238,30 @@ impl Calibration {
                 matched.len()
             )));
         }
-        let (mut nodes, mut followed) = (
-            std::mem::take(&mut self.nodes),
-            std::mem::take(&mut self.followed),
-        );
-        let got = outcomes(
+        outcomes(
             tokens,
             parents,
             path,
             emitted,
             verified,
-            &mut nodes,
-            &mut followed,
-        );
-        if got.is_ok() {
-            if let Some(&j) = nodes.iter().find(|&&j| scores[j].is_nan()) {
-                self.nodes = nodes;
-                self.followed = followed;
-                return Err(Error::InvalidInput(format!("scores[{j}] is NaN")));
-            }
-            self.fade();
-            for (&j, &f) in nodes.iter().zip(&followed) {
-                let above = scores[parents[j] as usize];
-                // A hand-built draft may score a parent 0: its children say nothing beyond it.
-                let cond = if above > 0.0 { scores[j] / above } else { 0.0 };
-                self.count(cond, matched[j], f);
-            }
+            &mut self.nodes,
+            &mut self.followed,
+        )?;
+        if let Some(&j) = self.nodes.iter().find(|&&j| scores[j].is_nan()) {
+            return Err(Error::InvalidInput(format!("scores[{j}] is NaN")));
         }
-        let accepted = match verified {
+        self.fade();
+        for i in 0..self.nodes.len() {
+            let (j, f) = (self.nodes[i], self.followed[i]);
+            let above = scores[parents[j] as usize];
+            // A hand-built draft may score a parent 0: its children say nothing beyond it.
+            let cond = if above > 0.0 { scores[j] / above } else { 0.0 };
+            self.count(cond, matched[j], f);
+        }
+        Ok(match verified {
             Some(_) => path.len().saturating_sub(1),
-            None => followed.iter().filter(|&&f| f).count(),
-        };
-        self.nodes = nodes;
-        self.followed = followed;
-        got.map(|()| accepted)
+            None => self.followed.iter().filter(|&&f| f).count(),
+        })
     }
 
     /// The chance table (`[group * bands + band]`): followed over offered with the prior,
@@ -299,6 +290,16 @@ impl Calibration {
             bands: &self.bands,
             groups: &self.groups,
         }
+    }
+}
+
+fn check_prior_weight(w: f64) -> Result<()> {
+    if w > 0.0 && w.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "prior_weight must be a finite number > 0, got {w}"
+        )))
     }
 }
 
@@ -415,6 +416,9 @@ mod tests {
         assert!(Calibration::new(&[0.1, 0.5], &GROUPS, 1.0, 1.0).is_err());
         assert!(Calibration::new(&BANDS, &GROUPS, 0.0, 1.0).is_err());
         assert!(Calibration::new(&BANDS, &GROUPS, 1.0, 1.5).is_err());
+        assert!(close(cal.prior(), &[0.15, 0.45, 0.8]));
+        assert!(cal.set_prior_weight(f64::NAN).is_err());
+        assert!(cal.set_prior_weight(4.0).is_ok() && cal.prior_weight() == 4.0);
     }
 
     #[test]
