@@ -87,12 +87,21 @@ pub struct PyCalibration {
     inner: Calibration,
 }
 
-/// The draft's expected lengths under the calibration's table as it stands.
-fn expected_of(cal: &mut Calibration, d: &Draft) -> Result<Vec<f64>> {
-    let mut out = Vec::with_capacity(d.scores.len());
-    let table = cal.table();
-    sizing::expected_lengths(&table, &d.scores, &d.parents, &d.matched, &mut out)?;
-    Ok(out)
+/// `then` of the draft's expected lengths under the calibration's table as it stands, both
+/// worked out without the GIL.
+fn with_expected<R: Send>(
+    py: Python<'_>,
+    cal: &mut Calibration,
+    d: &Draft,
+    then: impl FnOnce(Vec<f64>) -> R + Send,
+) -> PyResult<R> {
+    py.detach(|| -> Result<R> {
+        let mut out = Vec::with_capacity(d.scores.len());
+        let table = cal.table();
+        sizing::expected_lengths(&table, &d.scores, &d.parents, &d.matched, &mut out)?;
+        Ok(then(out))
+    })
+    .map_err(|e| to_pyerr(py, e))
 }
 
 impl PyCalibration {
@@ -211,10 +220,7 @@ impl PyCalibration {
         matched: Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let d = draft(&scores, &parents, &matched)?;
-        let inner = &mut self.inner;
-        let out = py
-            .detach(|| expected_of(inner, &d))
-            .map_err(|e| to_pyerr(py, e))?;
+        let out = with_expected(py, &mut self.inner, &d, |out| out)?;
         Ok(PyArray1::from_vec(py, out))
     }
 
@@ -232,13 +238,10 @@ impl PyCalibration {
         host_s: f64,
         switch_s: f64,
     ) -> PyResult<usize> {
-        let d = draft(&scores, &parents, &matched)?;
-        let (inner, costs) = (&mut self.inner, floats(&costs)?);
-        py.detach(|| {
-            let out = expected_of(inner, &d)?;
-            Ok(sizing::choose_nodes(&out, &costs, host_s, switch_s))
+        let (d, costs) = (draft(&scores, &parents, &matched)?, floats(&costs)?);
+        with_expected(py, &mut self.inner, &d, |out| {
+            sizing::choose_nodes(&out, &costs, host_s, switch_s)
         })
-        .map_err(|e| to_pyerr(py, e))
     }
 }
 
