@@ -89,7 +89,7 @@ def test_calibration_converges_on_a_scripted_drafter(truth):
     for _ in range(3000):
         sc = rng.uniform(0, 1, 16) ** 2  # scores crowd low, as the drafter's do
         cal.observe(sc, np.zeros(16), rng.uniform(0, 1, 16) < truth(sc))
-    mids = (cal.edges + np.append(cal.edges[1:], 1.0)) / 2
+    mids = cal.prior
     want = truth(mids)
     # Bands are ranges: compare with the truth at their middles, loosely at the wide ones.
     assert np.max(np.abs(cal.table()[0] - want)) < 0.08
@@ -188,7 +188,7 @@ def test_the_cores_cut_is_the_python_rule(draft, host_s, switch_s):
 
 def test_the_cores_cut_refuses_bad_drafts():
     from lookahead._core import Calibration
-    from lookahead.calibration import BAND_EDGES, MATCH_EDGES
+    from lookahead.calibration import BAND_EDGES, MATCH_EDGES, PRIOR_WEIGHT
     from lookahead.errors import InvalidInput
 
     cal = AcceptanceCalibration()
@@ -215,6 +215,7 @@ def test_the_cores_cut_refuses_bad_drafts():
             AcceptanceCalibration(w, d)
     with pytest.raises(InvalidInput):
         cal.prior_weight = -1.0
+    assert cal.prior_weight == PRIOR_WEIGHT  # a refused weight leaves the one before
     with pytest.raises(TypeError):  # a draft's arrays are numbers, not text
         cal.choose(np.array(["a", "b"]), *ok[1:], c, 0.0, 0.0)
     # A step's outcomes name nodes of the tree: a path beyond it or a parent after its child
@@ -226,7 +227,22 @@ def test_the_cores_cut_refuses_bad_drafts():
             cal.learn(tokens, parents, scores, matched, path, emitted)
     with pytest.raises(InvalidInput):
         cal.learn(tokens, np.array([-1, 2, 1], np.int32), scores, matched, [0], [10])
+    with pytest.raises(InvalidInput, match="NaN"):
+        cal.learn(tokens, parents, np.array([1.0, np.nan, 0.2]), matched, [0], [10])
     assert cal.offered.sum() == 0
+
+
+def test_observe_reads_bools_numbers_and_lists_alike():
+    cond, matched = np.array([0.1, 0.55, 0.97]), np.array([0, 2, 9])
+    followed = np.array([False, True, True])
+    got = []
+    for f in (followed, followed.astype(np.float64), followed.astype(np.uint8).tolist()):
+        cal = AcceptanceCalibration()
+        cal.observe(cond.tolist(), matched.astype(np.int32), f)
+        got.append((cal.offered.copy(), cal.accepted.copy()))
+    for offered, accepted in got:
+        assert offered.sum() == 3 and accepted.sum() == 2
+        assert np.array_equal(offered, got[0][0]) and np.array_equal(accepted, got[0][1])
 
 
 def reference_isotonic(v, w) -> list:

@@ -56,22 +56,29 @@ class AcceptanceCalibration(Calibration):
     nodes (`prior_weight`, settable), made non-decreasing in the score (pool-adjacent-
     violators) within each group; every step fades the counts before it by `decay`.
 
-    From the core (`lookahead._core.Calibration`): `learn(tokens, parents, scores, matched,
-    path, emitted, verified=None)` one verify step of a whole draft (`learn` below says what
-    it learns and returns), `choose(scores, parents, matched, costs, host_s, switch_s)` the
-    cost-aware cut (`lookahead.sizing.choose_nodes` over `expected`), `table()`, `offered`,
-    `accepted` (`[group, band]`), `prior_weight`, `decay`."""
+    From the core (`lookahead._core.Calibration`, which reads lists and numpy arrays alike):
+    - `learn(tokens, parents, scores, matched, path, emitted, verified=None)`: one verify
+      step of a whole draft (`learn` below says what it learns and returns);
+    - `observe(cond, matched, followed)`: one verify step given as the conditional scores and
+      `matched` of the nodes whose parent the target accepted, and whether it followed each;
+    - `expected(scores, parents, matched)`: the expected accepted length of each prefix of a
+      best-first draft without its root (node i's path score `scores[i]`, its parent
+      `parents[i]`, 0 the root, its match `matched[i]`), `[k - 1]` for its first k nodes.
+      A node is accepted with its parent's chance times its own (`predict`), capped by what
+      its parent has left once its earlier (better) siblings took theirs: one path is
+      accepted, so siblings' chances add up to at most their parent's;
+    - `choose(scores, parents, matched, costs, host_s, switch_s)`: the cost-aware cut
+      (`lookahead.sizing.choose_nodes` over `expected`);
+    - `table()`, `offered`, `accepted` (`[group, band]`), `prior` (`[band]`),
+      `prior_weight`, `decay`."""
 
     def __new__(cls, prior_weight: float = PRIOR_WEIGHT, decay: float = DECAY):
         return super().__new__(cls, BAND_EDGES, MATCH_EDGES, float(prior_weight), float(decay))
 
-    def __init__(self, prior_weight: float = PRIOR_WEIGHT, decay: float = DECAY):
-        self.edges = BAND_EDGES
-        self.prior = (self.edges + np.append(self.edges[1:], 1.0)) / 2
-
-    def bands(self, cond: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def bands(cond: np.ndarray) -> np.ndarray:
         """The band index of each conditional score."""
-        b = np.searchsorted(self.edges, np.asarray(cond, dtype=np.float64), "right") - 1
+        b = np.searchsorted(BAND_EDGES, np.asarray(cond, dtype=np.float64), "right") - 1
         return np.maximum(b, 0)  # only a score below the first edge (0) falls below band 0
 
     @staticmethod
@@ -79,32 +86,10 @@ class AcceptanceCalibration(Calibration):
         """The match group of each node's `matched`."""
         return np.searchsorted(MATCH_EDGES, np.asarray(matched, dtype=np.int64), "right")
 
-    def observe(self, cond, matched, accepted) -> None:
-        """One verify step: the conditional scores and `matched` of nodes whose parent the
-        target accepted, and whether it followed each (the counts before fade first)."""
-        super().observe(
-            np.asarray(cond, dtype=np.float64),
-            np.asarray(matched, dtype=np.int64),
-            np.asarray(accepted, dtype=np.float64),
-        )
-
     def predict(self, cond: np.ndarray, matched: np.ndarray) -> np.ndarray:
         """Chance that the target follows nodes with these conditional scores and matches,
         where it accepted their parents."""
         return self.table()[self.groups(matched), self.bands(cond)]
-
-    def expected(self, scores, parents, matched) -> np.ndarray:
-        """Expected accepted length of each prefix of a best-first draft (root excluded:
-        node i's path score `scores[i]`, its parent `parents[i]`, 0 the root, its match
-        `matched[i]`): `[k - 1]` for its first k nodes. A node is accepted with its parent's
-        chance times its own (`predict`), capped by what its parent has left once its earlier
-        (better) siblings took theirs: one path is accepted, so siblings' chances add up to at
-        most their parent's. (In the core; `choose` reads the same.)"""
-        return super().expected(
-            np.asarray(scores, dtype=np.float64),
-            np.asarray(parents, dtype=np.int64),
-            np.asarray(matched, dtype=np.int64),
-        )
 
 
 def outcomes(tokens, parents, path, emitted, verified=None) -> tuple[list, list]:

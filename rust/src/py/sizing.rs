@@ -47,6 +47,15 @@ pub fn floats(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
     obj.extract::<Vec<f64>>()
 }
 
+/// Truth values from a 1-D numpy array of bools, read directly, or from any numbers (0 is
+/// false).
+fn bools(obj: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
+    if let Ok(a) = obj.cast::<PyArray1<bool>>() {
+        return Ok(read(a).collect());
+    }
+    Ok(floats(obj)?.iter().map(|&x| x != 0.0).collect())
+}
+
 /// The elements of a 1-D array, copied at once while the GIL is held (no borrow is kept).
 fn read<T: Element + Copy>(a: &Bound<'_, PyArray1<T>>) -> impl Iterator<Item = T> {
     let v = a.to_vec().unwrap_or_else(|_| a.to_owned_array().to_vec());
@@ -146,6 +155,12 @@ impl PyCalibration {
         self.inner.decay()
     }
 
+    /// `[band]`: the prior's chance, each score band's middle score.
+    #[getter]
+    fn prior<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
+        PyArray1::from_slice(py, self.inner.prior())
+    }
+
     /// `[group, band]`: nodes offered, faded by age.
     #[getter]
     fn offered<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
@@ -165,7 +180,7 @@ impl PyCalibration {
     }
 
     /// One verify step's nodes whose parent the target accepted: their conditional scores,
-    /// `matched`, and whether it followed each (bools or 0 / 1). Earlier counts fade first.
+    /// `matched`, and whether it followed each (bools, or numbers: 0 is false). Earlier counts fade first.
     fn observe(
         &mut self,
         py: Python<'_>,
@@ -174,7 +189,7 @@ impl PyCalibration {
         followed: Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let (c, m) = (floats(&cond)?, ints(&matched)?);
-        let f: Vec<bool> = floats(&followed)?.iter().map(|&x| x != 0.0).collect();
+        let f = bools(&followed)?;
         self.inner.observe(&c, &m, &f).map_err(|e| to_pyerr(py, e))
     }
 
