@@ -9,12 +9,15 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lookahead import batch_sizing, costs, learned_costs, sizing
 from lookahead.cost_checks import clip_plausible, implausible
 from lookahead.costs import CostModel, load_or_measure
 from lookahead.hf import LookaheadGenerator
 from lookahead.learned_costs import WINDOW, LearnedCosts
 from lookahead.sizing import CostAwareSizer, FixedSizer, Step
+from reference_costs import ReferenceLearnedCosts
 from tiny_models import hf_generate, repetitive_prompt, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -43,20 +46,68 @@ def test_learnt_costs_converge_on_scripted_forward_times():
     assert learned.curve(5000)[8] == pytest.approx(0.3, rel=0.15)
 
 
-def test_learnt_curves_take_in_forwards_every_few():
+def test_learnt_curves_take_in_every_forward():
     prior = CostModel.from_rows(LINEAR)
     learned = LearnedCosts(prior)
     before = learned.curve(300)[4]
-    for _ in range(learned_costs.REFRESH_EVERY - 1):
-        learned.observe(4, 300, 0.2)
-    assert learned.curve(300)[4] == before  # read back a few forwards late
     learned.observe(4, 300, 0.2)
-    eighth = learned.curve(300)[4]
-    assert eighth < before
+    first = learned.curve(300)[4]
+    assert first < before  # read back at once, moved part of the way (the prior counts)
     learned.observe(4, 300, 0.01)
-    assert learned.curve(300)[4] == eighth
-    learned.refresh()  # on demand (`as_cost_model` does): every forward measured
-    assert learned.curve(300)[4] < eighth
+    assert learned.curve(300)[4] < first
+
+
+FORWARD = st.tuples(
+    st.integers(-1, 40),  # rows (the prior reaches 33)
+    st.integers(-5, 3000),  # cached tokens: several bands, 16-token buckets
+    st.one_of(st.floats(0.01, 2.0), st.sampled_from([0.0, -1.0, math.inf, math.nan])),
+    st.booleans(),  # a gap (a prompt) before it
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(FORWARD, max_size=120), st.booleans(), st.integers(1, 16))
+def test_the_cores_learnt_costs_follow_the_python_rule(forwards, switches, window):
+    prior = CostModel((1, 2, 4, 8, 33), (128, 1024), ((1, 1.5, 2, 3, 9), (2, 2.6, 3.1, 4, 12)))
+    core = LearnedCosts(prior, window=window, switches=switches)
+    ref = ReferenceLearnedCosts(prior, window=window, switches=switches)
+    for rows, ctx, sec, gap in forwards:
+        for learned in (core, ref):
+            if gap:
+                learned.gap()
+            learned.observe(rows, ctx, sec)
+        assert core.count == ref.count
+        assert core.switch_frac == pytest.approx(ref.switch_frac, rel=1e-12, abs=1e-15)
+        for at in (ctx, 0, 700, 2999):
+            got, want = core.curve(at), ref.curve(at)
+            assert math.isnan(got[0])
+            np.testing.assert_allclose(got[1:], want[1:], rtol=1e-12)
+        got, want = core.measured(ctx), ref.measured(ctx)
+        assert got.keys() == want.keys()
+        for r, (sec, n) in want.items():
+            assert got[r][0] == pytest.approx(sec, rel=1e-12) and got[r][1] == n
+
+
+def test_bad_learnt_cost_policies_are_refused():
+    from lookahead._core import LearnedCosts as Core
+    from lookahead.errors import InvalidInput
+
+    prior = CostModel.from_rows(LINEAR)
+    for window in (0, -3):
+        with pytest.raises(InvalidInput, match="window"):
+            LearnedCosts(prior, window=window)
+    grid = ([1, 2], [0], [0.1, 0.2])
+    for bad in (
+        ([2, 4], [0], [0.1, 0.2]),  # widths must start at one row
+        ([1, 2], [0], [0.1, -0.2]),
+        ([1, 2], [0], [0.1]),
+        ([1, 2], [9, 9], [0.1, 0.2, 0.1, 0.2]),
+    ):
+        with pytest.raises(InvalidInput):
+            Core(*bad, [0, 256], 15, 2.0, 3, False)
+    for bands, prior_count in (([256, 512], 2.0), ([0, 0], 2.0), ([0], -1.0), ([0], math.nan)):
+        with pytest.raises(InvalidInput):
+            Core(*grid, bands, 15, prior_count, 3, False)
 
 
 def test_learnt_costs_ignore_outliers():
@@ -105,20 +156,21 @@ def test_learnt_costs_keep_what_a_draft_adds_to_the_next_forward_apart():
         for rows, sec in ((1, 0.1), (4, 0.3), (1, 0.15), (4, 0.3), (1, 0.15)):
             apart.observe(rows, 300, sec)
             mixed.observe(rows, 300, sec)
-    apart.refresh()
-    mixed.refresh()
     assert apart.curve(300)[1] == pytest.approx(0.1, rel=0.02)
     # its median excess, shrunk towards none as if the prior were 2 more forwards
     assert apart.switch_frac == pytest.approx(math.expm1(math.log(1.5) * WINDOW / (WINDOW + 2)))
     # Without `switches` (the serving sizer's batches) nothing is kept apart.
     assert mixed.switch_frac == 0.0 and mixed.curve(300)[1] > 0.14
     # A forward after a gap (a prompt ran between) is no switch: counted as a one-row one.
-    n = len(apart._switch)
-    apart.observe(4, 300, 0.3)
-    apart.gap()
-    apart.observe(1, 300, 0.1)
-    apart.refresh()
-    assert len(apart._switch) == n
+    fresh = LearnedCosts(prior, switches=True)
+    for rows, sec in ((1, 0.1),) * learned_costs.SWITCH_BASE + ((4, 0.3),):
+        fresh.observe(rows, 300, sec)
+    fresh.gap()
+    fresh.observe(1, 300, 0.1)
+    assert fresh.switches_kept == 0
+    fresh.observe(4, 300, 0.3)
+    fresh.observe(1, 300, 0.15)
+    assert fresh.switches_kept == 1
 
 
 def test_cost_aware_sizer_weighs_what_a_draft_adds_to_the_next_forward():
@@ -136,8 +188,18 @@ def test_cost_aware_sizer_weighs_what_a_draft_adds_to_the_next_forward():
         s.observe(_step(1, [0], None, forward_s=2.0))
     assert s.learned.switch_frac > 0.5
     assert s.cut(*one, 100, 0, False) == 0
-    s.finish()
-    assert s.learned._last_rows is None  # the next request's prompt runs first
+    # The request's end is a gap: the next request's first forward follows its prompt.
+    t = CostAwareSizer(CostModel.from_rows({1: 1.0, 33: 4.2}))
+    t.start(None)
+    for _ in range(learned_costs.SWITCH_BASE):
+        t.learned.observe(1, 100, 1.0)
+    t.learned.observe(2, 100, 1.1)
+    t.finish()
+    t.learned.observe(1, 100, 2.0)
+    assert t.learned.switches_kept == 0
+    t.learned.observe(2, 100, 1.1)
+    t.learned.observe(1, 100, 2.0)
+    assert t.learned.switches_kept == 1
 
 
 # -- plausibility -----------------------------------------------------------------------

@@ -16,6 +16,7 @@ __all__ = [
     "_time_index",
     "_time_compaction",
     "Calibration",
+    "LearnedCosts",
     "outcomes",
     "DEFAULTS",
     "MAX_BUDGET",
@@ -225,6 +226,34 @@ class Calibration:
         host_s: float,
         switch_s: float,
     ) -> int: ...
+
+# What verify forwards cost, learnt (`lookahead.learned_costs.LearnedCosts` extends it).
+@disjoint_base
+class LearnedCosts:
+    def __new__(
+        cls,
+        widths: _Ints,
+        contexts: _Ints,
+        seconds: _Floats,
+        bands: _Ints,
+        window: int,
+        prior_count: float,
+        switch_base: int,
+        switches: bool,
+    ) -> LearnedCosts: ...
+    @property
+    def max_rows(self) -> int: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def switch_frac(self) -> float: ...
+    @property
+    def switches_kept(self) -> int: ...
+    def band(self, context_len: int) -> int: ...
+    def observe(self, rows: int, context_len: int, seconds: float) -> None: ...
+    def gap(self) -> None: ...
+    def curve(self, context_len: int) -> npt.NDArray[np.float64]: ...
+    def measured(self, context_len: int) -> list[tuple[int, float, int]]: ...
 
 def outcomes(
     tokens: _Ints, parents: _Ints, path: _Ints, emitted: _Ints, verified: int | None = None

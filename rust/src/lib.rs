@@ -8,6 +8,7 @@ pub mod calibration;
 pub mod draft;
 pub mod error;
 pub mod evict;
+pub mod learned_costs;
 pub mod persist;
 mod pool;
 pub mod recycle;

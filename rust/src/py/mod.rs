@@ -3,6 +3,7 @@
 
 mod args;
 mod cache;
+mod costs;
 mod draft;
 mod errors;
 mod sizing;
@@ -19,6 +20,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::_time_index, m)?)?;
     m.add_function(wrap_pyfunction!(cache::_time_compaction, m)?)?;
     m.add_class::<sizing::PyCalibration>()?;
+    m.add_class::<costs::PyLearnedCosts>()?;
     m.add_function(wrap_pyfunction!(sizing::outcomes, m)?)?;
     // The one source of the knobs' defaults and bounds: the wrapper, the CLI, the SGLang
     // config and the docs' test read these.

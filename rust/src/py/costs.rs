@@ -1,0 +1,107 @@
+//! `lookahead._core.LearnedCosts`: what verify forwards cost, learnt from the engine's own
+//! forwards (crate::learned_costs), for `lookahead.learned_costs`. A Python subclass
+//! (`lookahead.learned_costs.LearnedCosts`) gives it its policy and its prior.
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+
+use super::errors::to_pyerr;
+use super::sizing::{floats, ints};
+use crate::learned_costs::{CostGrid, LearnedCosts, Policy};
+
+/// Forward seconds by rows and context, learnt from measured forwards around a prior grid.
+#[pyclass(name = "LearnedCosts", module = "lookahead._core", subclass)]
+pub struct PyLearnedCosts {
+    inner: LearnedCosts,
+}
+
+#[pymethods]
+impl PyLearnedCosts {
+    /// The prior: a forward's seconds by rows (`widths`, rising from 1) at each of
+    /// `contexts` cached tokens (`seconds`, `[context][width]` flattened); the policy: context
+    /// `bands` (lower edges, rising from 0), the `window` of forwards kept per band and rows,
+    /// the prior worth `prior_count` forwards, `switch_base` one-row forwards of a band before
+    /// a switch is read against them, and whether to keep `switches` apart.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        widths: Bound<'_, PyAny>,
+        contexts: Bound<'_, PyAny>,
+        seconds: Bound<'_, PyAny>,
+        bands: Bound<'_, PyAny>,
+        window: i64,
+        prior_count: f64,
+        switch_base: usize,
+        switches: bool,
+    ) -> PyResult<Self> {
+        let widths: Vec<usize> = ints(&widths)?
+            .into_iter()
+            .map(|w| usize::try_from(w).unwrap_or(0))
+            .collect();
+        let grid = CostGrid::new(&widths, &ints(&contexts)?, &floats(&seconds)?)
+            .map_err(|e| to_pyerr(py, e))?;
+        let policy = Policy {
+            bands: ints(&bands)?,
+            // A negative window is refused by the core's check, as 0 is.
+            window: usize::try_from(window).unwrap_or(0),
+            prior_count,
+            switch_base,
+            switches,
+        };
+        let inner = LearnedCosts::new(grid, policy).map_err(|e| to_pyerr(py, e))?;
+        Ok(PyLearnedCosts { inner })
+    }
+
+    /// The widest row count the prior reaches.
+    #[getter]
+    fn max_rows(&self) -> usize {
+        self.inner.max_rows()
+    }
+
+    /// Forwards measured in all.
+    #[getter]
+    fn count(&self) -> u64 {
+        self.inner.count()
+    }
+
+    /// What a wider forward adds to the next one-row one, as a fraction of a one-row forward.
+    #[getter]
+    fn switch_frac(&self) -> f64 {
+        self.inner.switch_frac()
+    }
+
+    /// Switches kept (the last `window`).
+    #[getter]
+    fn switches_kept(&self) -> usize {
+        self.inner.switches_kept()
+    }
+
+    /// The context band of `context_len` cached tokens.
+    fn band(&self, context_len: i64) -> usize {
+        self.inner.band(context_len)
+    }
+
+    /// One forward of `rows` rows over `context_len` cached tokens took `seconds` (ignored when
+    /// the prior does not reach `rows`, or `seconds` is not a positive time).
+    fn observe(&mut self, rows: i64, context_len: i64, seconds: f64) {
+        self.inner.observe(rows, context_len, seconds);
+    }
+
+    /// The next forward measured does not follow the last one (a prompt ran between).
+    fn gap(&mut self) {
+        self.inner.gap();
+    }
+
+    /// Seconds of a forward of r rows over `context_len` cached tokens at index r (index 0
+    /// NaN), up to `max_rows`.
+    fn curve<'py>(&mut self, py: Python<'py>, context_len: i64) -> Bound<'py, PyArray1<f64>> {
+        let inner = &mut self.inner;
+        PyArray1::from_vec(py, py.detach(|| inner.curve(context_len).to_vec()))
+    }
+
+    /// `[(rows, median seconds, forwards kept)]` measured in `context_len`'s band.
+    fn measured(&self, context_len: i64) -> Vec<(usize, f64, usize)> {
+        self.inner.measured(context_len)
+    }
+}

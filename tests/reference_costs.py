@@ -1,0 +1,84 @@
+"""The learnt forward costs as they were written in Python (`lookahead.learned_costs` until
+the core took the bookkeeping over), each forward counted in at once: the rule the core's
+`LearnedCosts` must follow, for tests to compare against."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+
+import numpy as np
+from lookahead.learned_costs import BAND_EDGES, PRIOR_COUNT, SWITCH_BASE, WINDOW
+
+
+def median(v) -> float:
+    s = sorted(v)
+    n = len(s)
+    return float(s[n // 2]) if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
+
+
+def shrunk_median(log_ratios) -> float:
+    return median(log_ratios) * len(log_ratios) / (len(log_ratios) + PRIOR_COUNT)
+
+
+class ReferenceLearnedCosts:
+    def __init__(self, prior, window: int = WINDOW, switches: bool = False):
+        self.prior, self.window, self.switches = prior, window, switches
+        self.max_rows = prior.widths[-1]
+        self.count = 0
+        self.switch: deque = deque(maxlen=window)
+        self.switch_frac = 0.0
+        self.last_rows = None
+        self.obs: dict = {}  # (band, rows) -> deque of log(measured / prior)
+
+    @staticmethod
+    def band(context_len: int) -> int:
+        return bisect.bisect_right(BAND_EDGES, max(int(context_len), 0)) - 1
+
+    def observe(self, rows: int, context_len: int, seconds: float) -> None:
+        after, self.last_rows = self.last_rows, int(rows)
+        if not 1 <= rows <= self.max_rows or not (0.0 < seconds < math.inf):
+            return
+        self.count += 1
+        ratio = math.log(seconds / float(self.prior.curve(context_len)[rows]))
+        key = (self.band(context_len), rows)
+        if self.switches and rows == 1 and after is not None and after > 1:
+            base = self.obs.get(key)
+            if base is not None and len(base) >= SWITCH_BASE:
+                self.switch.append(ratio - shrunk_median(base))
+                self.switch_frac = max(math.expm1(shrunk_median(self.switch)), 0.0)
+            return
+        self.obs.setdefault(key, deque(maxlen=self.window)).append(ratio)
+
+    def gap(self) -> None:
+        self.last_rows = None
+
+    def curve(self, context_len: int) -> np.ndarray:
+        bucket = max(int(context_len), 0) // 16 * 16
+        band = self.band(bucket)
+        rows = np.arange(self.max_rows + 1)
+        mine = {r: shrunk_median(v) for (b, r), v in self.obs.items() if b == band}
+        if not mine:  # nothing in this band: what all bands say, row count by row count
+            pooled: dict = {}
+            for (_, r), v in self.obs.items():
+                pooled.setdefault(r, []).extend(v)
+            mine = {r: shrunk_median(v) for r, v in pooled.items()}
+        if mine:
+            at = sorted(mine)
+            ratios = np.interp(rows, at, [mine[r] for r in at])
+        else:
+            ratios = np.zeros(len(rows))
+        out = self.prior.curve(bucket) * np.exp(ratios)
+        out[2:] = np.maximum(out[2:], out[1])
+        out[0] = math.nan
+        return out
+
+    def measured(self, context_len: int) -> dict:
+        b = self.band(context_len)
+        curve = self.prior.curve(context_len)
+        return {
+            r: (float(curve[r] * math.exp(median(v))), len(v))
+            for (band, r), v in sorted(self.obs.items())
+            if band == b
+        }
