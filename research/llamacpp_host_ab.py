@@ -9,7 +9,7 @@ the other in rounds whose order alternates, so the VM's drift hits both alike; e
 core in its folder (one build for both where the old Python works with it, else the old
 version's own, `cargo build --release --features python` at OLD copied in as
 `lookahead/_core.abi3.so`) and both the same kept cost curve
-(`$LOOKAHEAD_COST_DIR`). A process decodes 6 Spec-Bench prompts of mt_bench, qa and
+(`$LOOKAHEAD_COST_DIR`). A process decodes 3 Spec-Bench prompts of each of mt_bench, qa and
 math_reasoning (128 new tokens, greedy, flash attention on, 2 threads) with lookahead and
 reports, per step: the step's host time besides the forward (`GenerationStats`: draft, tree
 inputs, verdict, KV bookkeeping, the rest), the drafter's share of it (`drafter_s`: the trie's

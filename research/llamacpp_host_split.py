@@ -33,7 +33,7 @@ def prepared(quant: str, categories: str, threads: int = 2) -> tuple:
     from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel
 
     cats = categories.split(",")
-    qs = [q for q in select_questions(str(DEFAULT_QUESTIONS), 3) if q["category"] in cats]
+    qs = select_questions(str(DEFAULT_QUESTIONS), 3, categories=cats)
     m = LlamaCppModel(gguf_of(quant), 4096, threads, flash_attn="on")
     gen = LlamaCppGenerator(m)
     ids = [m.encode(q["turns"][0], chat=True) for q in qs]
