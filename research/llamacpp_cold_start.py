@@ -1,0 +1,122 @@
+"""A cold start of the llama.cpp engine, in the loop: lookahead over the engine's plain decoding
+from an empty cost folder, its start-up curve measured as `measure_costs` does ("shipped":
+each width timed right after the forward of the width before it) or each width timed right
+after an untimed one-row forward ("after one", as the loop runs a verify: after a one-row
+step; llama.cpp reuses its compute graph only for a batch of the shape before it).
+
+    python -m research.llamacpp_cold_start --quant q4_1 --rounds 3
+
+Per round, each variant in turn (the order alternating): a new model with flash attention off
+in a fresh `$LOOKAHEAD_COST_DIR`, its start-up curve, then 6 Spec-Bench prompts of each of
+mt_bench, qa and math_reasoning (128 new tokens, greedy, 2 threads), lookahead and plain
+decoding (`plain_generate`, a context of one sequence) taking turns per prompt. Prints each
+run's start-up curve and decode tok/s, and the median over rounds of lookahead over plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks.llamacpp import gguf_of
+from benchmarks.traces import DEFAULT_QUESTIONS, select_questions
+
+CATEGORIES = ("mt_bench", "qa", "math_reasoning")
+
+
+def measure_after_one(model, widths=None, context: int = 128, reps: int = 5):
+    """`measure_costs` with an untimed one-row forward before each timed one."""
+    from lookahead.costs import CostModel
+    from lookahead.llamacpp.costs import WIDTHS, cost_key
+
+    widths = tuple(w for w in widths or WIDTHS if w <= model.n_batch and context + w < model.n_ctx)
+    rng = np.random.default_rng(0)
+    model.reset()
+    model.prefill(rng.integers(0, model.n_vocab, size=context).tolist(), [0])
+    times: dict = {w: [] for w in widths}
+    for r in range(reps + 1):  # round 0 warms up
+        for w in widths if r % 2 else widths[::-1]:
+            model.decode([int(rng.integers(0, model.n_vocab))], [context], [[0]], [True])
+            model.seq_rm(-1, context, -1)
+            toks = rng.integers(0, model.n_vocab, size=w).tolist()
+            t0 = time.perf_counter()
+            model.decode(toks, range(context, context + w), [[0]] * w, [True] * w)
+            dt = time.perf_counter() - t0
+            model.seq_rm(-1, context, -1)
+            if r:
+                times[w].append(dt)
+    model.reset()
+    return CostModel.from_rows({w: float(np.median(times[w])) for w in widths}, cost_key(model))
+
+
+def run(variant: str, quant: str, questions: list) -> dict:
+    import lookahead.llamacpp.costs as costs
+    from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel
+    from lookahead.llamacpp.generator import plain_generate
+
+    shipped = costs.measure_costs
+    if variant == "after one":
+        costs.measure_costs = measure_after_one
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            os.environ["LOOKAHEAD_COST_DIR"] = folder
+            path = gguf_of(quant)
+            gen = LlamaCppGenerator(LlamaCppModel(path, 4096, 2, flash_attn="off"))
+            plain = LlamaCppModel(path, 4096, 2, n_seq_max=1, flash_attn="off")
+            curve = gen.sizer.cost_model.curve(128)
+            ids = [gen.model.encode(q["turns"][0], chat=True) for q in questions]
+            gen.generate(ids[0], 8)
+            la = [0, 0.0]
+            pl = [0, 0.0]
+            for k, x in enumerate(ids):
+                for who in ("la", "plain") if k % 2 == 0 else ("plain", "la"):
+                    if who == "la":
+                        res = gen.generate(x, 128)
+                        la[0] += len(res.ids) - 1
+                        la[1] += res.stats.total_s - res.stats.prefill_s
+                    else:
+                        t: dict = {}
+                        out = plain_generate(plain, x, 128, times=t)
+                        pl[0] += len(out) - 1
+                        pl[1] += t["total_s"] - t["prefill_s"]
+    finally:
+        costs.measure_costs = shipped
+    return {
+        "curve": {w: float(curve[w] / curve[1]) for w in (2, 3, 4, 8)},
+        "one_row_ms": 1e3 * float(curve[1]),
+        "lookahead": la[0] / la[1],
+        "plain": pl[0] / pl[1],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quant", default="q4_1")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    qs = select_questions(str(DEFAULT_QUESTIONS), 6, categories=CATEGORIES)
+    variants = ["shipped", "after one"]
+    ratios: dict = {v: [] for v in variants}
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.quant}, {len(qs)} prompts"
+    )
+    for r in range(args.rounds):
+        for v in variants if r % 2 == 0 else variants[::-1]:
+            got = run(v, args.quant, qs)
+            ratios[v].append(got["lookahead"] / got["plain"])
+            c = " ".join(f"W={w} {x:.2f}x" for w, x in got["curve"].items())
+            print(f"round {r} {v:<9} start-up [{got['one_row_ms']:.2f} ms] {c}  lookahead "
+                  f"{got['lookahead']:.1f} tok/s, plain {got['plain']:.1f}: "
+                  f"{ratios[v][-1]:.3f}", flush=True)  # fmt: skip
+    for v in variants:
+        print(f"{v:<9} lookahead / plain: median {statistics.median(ratios[v]):.3f} "
+              f"({', '.join(f'{x:.3f}' for x in ratios[v])})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
