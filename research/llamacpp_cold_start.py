@@ -10,7 +10,9 @@ Per round, each variant in turn (the order alternating): a new model with flash 
 in a fresh `$LOOKAHEAD_COST_DIR`, its start-up curve, then 6 Spec-Bench prompts of each of
 mt_bench, qa and math_reasoning (128 new tokens, greedy, 2 threads), lookahead and plain
 decoding (`plain_generate`, a context of one sequence) taking turns per prompt. Prints each
-run's start-up curve and decode tok/s, and the median over rounds of lookahead over plain.
+run's start-up curve and decode tok/s, its steps by rows (how many, the drafted tokens they
+accepted, their median forward over plain decoding's median one-row forward), and the median
+over rounds of lookahead over plain.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def run(variant: str, quant: str, questions: list) -> dict:
             curve = gen.sizer.cost_model.curve(128)
             ids = [gen.model.encode(q["turns"][0], chat=True) for q in questions]
             gen.generate(ids[0], 8)
+            steps = _record_steps(gen)
+            plain_rows = _record_forwards(plain)
             la = [0, 0.0]
             pl = [0, 0.0]
             for k, x in enumerate(ids):
@@ -86,12 +90,50 @@ def run(variant: str, quant: str, questions: list) -> dict:
                         pl[1] += t["total_s"] - t["prefill_s"]
     finally:
         costs.measure_costs = shipped
+    row = statistics.median(plain_rows)
+    by_rows: dict = {}
+    for rows, accepted, seconds in steps:
+        by_rows.setdefault(rows, []).append((accepted, seconds))
     return {
         "curve": {w: float(curve[w] / curve[1]) for w in (2, 3, 4, 8)},
         "one_row_ms": 1e3 * float(curve[1]),
         "lookahead": la[0] / la[1],
         "plain": pl[0] / pl[1],
+        # rows: (steps, mean tokens accepted, median forward over plain's median one-row one)
+        "steps": {
+            r: (len(v), statistics.fmean(a for a, _ in v), statistics.median(s for _, s in v) / row)
+            for r, v in sorted(by_rows.items())
+        },
     }
+
+
+def _record_steps(gen) -> list:
+    """(rows, drafted tokens accepted, forward seconds) of each step `gen` takes from now."""
+    steps: list = []
+    observe = gen.sizer.observe
+
+    def recorded(step):
+        steps.append((step.rows, len(step.path) - 1, step.forward_s))
+        return observe(step)
+
+    gen.sizer.observe = recorded
+    return steps
+
+
+def _record_forwards(model) -> list:
+    """The seconds of each `decode` of `model` from now (plain decoding: one row each)."""
+    seconds: list = []
+    decode = model.decode
+
+    def timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return decode(*a, **k)
+        finally:
+            seconds.append(time.perf_counter() - t)
+
+    model.decode = timed
+    return seconds
 
 
 def main() -> None:
@@ -113,6 +155,8 @@ def main() -> None:
             print(f"round {r} {v:<9} start-up [{got['one_row_ms']:.2f} ms] {c}  lookahead "
                   f"{got['lookahead']:.1f} tok/s, plain {got['plain']:.1f}: "
                   f"{ratios[v][-1]:.3f}", flush=True)  # fmt: skip
+            print("    steps by rows (steps, tokens accepted, forward / plain's one row): " + "  ".join(
+                f"{r}: {n} {a:.2f} {c:.2f}x" for r, (n, a, c) in got["steps"].items()))  # fmt: skip
     for v in variants:
         print(f"{v:<9} lookahead / plain: median {statistics.median(ratios[v]):.3f} "
               f"({', '.join(f'{x:.3f}' for x in ratios[v])})")  # fmt: skip
