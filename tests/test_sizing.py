@@ -171,6 +171,13 @@ def test_learnt_costs_keep_what_a_draft_adds_to_the_next_forward_apart():
     fresh.observe(4, 300, 0.3)
     fresh.observe(1, 300, 0.15)
     assert fresh.switches_kept == 1
+    # Switched off (research.llamacpp_switch_cost does), a one-row forward after a wider one
+    # counts as any one-row forward.
+    assert fresh.switches and fresh.window == WINDOW
+    fresh.switches = False
+    fresh.observe(4, 300, 0.3)
+    fresh.observe(1, 300, 0.15)
+    assert fresh.switches_kept == 1 and not fresh.switches
 
 
 def test_cost_aware_sizer_weighs_what_a_draft_adds_to_the_next_forward():

@@ -62,8 +62,8 @@ class LearnedCosts(_LearnedCosts):
       was measured in the context's band (or all bands, where it has none), read at the
       context's 16-token bucket, no row count cheaper than one row (`lookahead.cost_checks`:
       wider need not be dearer);
-    - `band(context_len)`, `max_rows`, `count` (forwards measured in all), `switch_frac`,
-      `switches_kept`."""
+    - `band(context_len)`, `max_rows`, `window`, `switches`, `count` (forwards measured in
+      all), `switch_frac`, `switches_kept`."""
 
     def __new__(cls, prior: CostModel, window: int = WINDOW, switches: bool = False):
         flat = [s for row in prior.seconds for s in row]
@@ -80,9 +80,7 @@ class LearnedCosts(_LearnedCosts):
         )
 
     def __init__(self, prior: CostModel, window: int = WINDOW, switches: bool = False):
-        self.prior = prior
-        self.window = int(window)
-        self.switches = bool(switches)
+        self.prior = prior  # the CostModel (its key, widths and contexts: `as_cost_model`)
 
     def measured(self, context_len: int) -> dict:
         """{rows: (median seconds, forwards)} measured in `context_len`'s band."""

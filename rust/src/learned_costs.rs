@@ -199,8 +199,14 @@ impl LearnedCosts {
         })
     }
 
-    pub fn prior(&self) -> &CostGrid {
-        &self.prior
+    /// The policy it follows.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Keeps one-row forwards right after wider ones apart (`switch_frac`) from now, or not.
+    pub fn set_switches(&mut self, on: bool) {
+        self.policy.switches = on;
     }
 
     pub fn max_rows(&self) -> usize {

@@ -59,6 +59,24 @@ impl PyLearnedCosts {
         self.inner.max_rows()
     }
 
+    /// Forwards kept per context band and row count (the median of this many).
+    #[getter]
+    fn window(&self) -> usize {
+        self.inner.policy().window
+    }
+
+    /// Whether a one-row forward right after a wider one is kept apart (`switch_frac`;
+    /// settable: it applies to the forwards observed from then on).
+    #[getter]
+    fn switches(&self) -> bool {
+        self.inner.policy().switches
+    }
+
+    #[setter]
+    fn set_switches(&mut self, on: bool) {
+        self.inner.set_switches(on);
+    }
+
     /// Forwards measured in all.
     #[getter]
     fn count(&self) -> u64 {
