@@ -19,7 +19,9 @@ use crate::error::{Error, Result};
 /// tokens (rising from >= 0): `seconds[c * widths + w]`, every one positive and finite.
 #[derive(Clone, Debug)]
 pub struct CostGrid {
-    widths: Vec<usize>,
+    /// The widths as numbers, as the interpolation in rows reads them.
+    widths: Vec<f64>,
+    max_rows: usize,
     contexts: Vec<i64>,
     seconds: Vec<f64>,
 }
@@ -69,7 +71,8 @@ impl CostGrid {
             )));
         }
         Ok(CostGrid {
-            widths: widths.to_vec(),
+            widths: widths.iter().map(|&w| w as f64).collect(),
+            max_rows: widths[widths.len() - 1],
             contexts: contexts.to_vec(),
             seconds: seconds.to_vec(),
         })
@@ -77,7 +80,7 @@ impl CostGrid {
 
     /// The widest row count measured.
     pub fn max_rows(&self) -> usize {
-        self.widths[self.widths.len() - 1]
+        self.max_rows
     }
 
     /// Seconds of a forward of r rows over `context_len` cached tokens at `out[r]` (`out[0]`
@@ -85,26 +88,25 @@ impl CostGrid {
     /// (extrapolated past the longest from the last two, never below the shortest's); read at
     /// the context's 16-token bucket (`lookahead.costs.CostModel.curve`).
     pub fn curve_into(&self, context_len: i64, out: &mut Vec<f64>) {
-        let (xp, at) = self.at_context(context_len);
+        let at = self.at_context(context_len);
         out.clear();
         out.push(f64::NAN);
-        out.extend((1..=self.max_rows()).map(|r| interp(r as f64, &xp, &at)));
+        out.extend((1..=self.max_rows).map(|r| interp(r as f64, &self.widths, &at)));
     }
 
     /// Seconds of a forward of `rows` rows (1 to `max_rows`) over `context_len` cached tokens:
     /// `curve_into`'s value there.
     pub fn seconds(&self, rows: usize, context_len: i64) -> f64 {
-        let (xp, at) = self.at_context(context_len);
-        interp(rows as f64, &xp, &at)
+        interp(rows as f64, &self.widths, &self.at_context(context_len))
     }
 
-    /// The widths as numbers, and the seconds at each width read at the context's bucket.
-    fn at_context(&self, context_len: i64) -> (Vec<f64>, Vec<f64>) {
+    /// The seconds at each width, read at the context's bucket.
+    fn at_context(&self, context_len: i64) -> Vec<f64> {
         let nw = self.widths.len();
         let c = &self.contexts;
         let b = bucket(context_len);
         let row = |i: usize| &self.seconds[i * nw..(i + 1) * nw];
-        let at: Vec<f64> = if c.len() == 1 || b <= c[0] {
+        if c.len() == 1 || b <= c[0] {
             row(0).to_vec()
         } else {
             let i = c.partition_point(|&x| x < b).min(c.len() - 1);
@@ -113,13 +115,7 @@ impl CostGrid {
             (0..nw)
                 .map(|w| (lo[w] + t * (hi[w] - lo[w])).max(first[w]))
                 .collect()
-        };
-        (self.widths.iter().map(|&w| w as f64).collect(), at)
-    }
-
-    /// The grid as given: widths, contexts, seconds (`[context][width]`).
-    pub fn parts(&self) -> (&[usize], &[i64], &[f64]) {
-        (&self.widths, &self.contexts, &self.seconds)
+        }
     }
 }
 

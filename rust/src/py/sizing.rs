@@ -180,7 +180,8 @@ impl PyCalibration {
     }
 
     /// One verify step's nodes whose parent the target accepted: their conditional scores,
-    /// `matched`, and whether it followed each (bools, or numbers: 0 is false). Earlier counts fade first.
+    /// `matched`, and whether it followed each (bools, or numbers: 0 is false). Earlier
+    /// counts fade first.
     fn observe(
         &mut self,
         py: Python<'_>,
