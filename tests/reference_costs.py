@@ -9,7 +9,7 @@ import math
 from collections import deque
 
 import numpy as np
-from lookahead.learned_costs import BAND_EDGES, PRIOR_COUNT, SWITCH_BASE, WINDOW
+from lookahead.learned_costs import BAND_EDGES, PRIOR_COUNT, SETTLE, SWITCH_BASE, WINDOW
 
 
 def median(v) -> float:
@@ -23,13 +23,14 @@ def shrunk_median(log_ratios) -> float:
 
 
 class ReferenceLearnedCosts:
-    def __init__(self, prior, window: int = WINDOW, switches: bool = False):
-        self.prior, self.window, self.switches = prior, window, switches
+    def __init__(self, prior, window: int = WINDOW, switches: bool = False, settle: int = SETTLE):
+        self.prior, self.window, self.switches, self.settle = prior, window, switches, settle
         self.max_rows = prior.widths[-1]
         self.count = 0
         self.switch: deque = deque(maxlen=window)
         self.switch_frac = 0.0
-        self.last_rows = None
+        # the unsettled one-row forwards: [charged, left, excess, measured], or None
+        self.tail = [False, self.settle, 0.0, False]
         self.obs: dict = {}  # (band, rows) -> deque of log(measured / prior)
 
     @staticmethod
@@ -37,22 +38,37 @@ class ReferenceLearnedCosts:
         return bisect.bisect_right(BAND_EDGES, max(int(context_len), 0)) - 1
 
     def observe(self, rows: int, context_len: int, seconds: float) -> None:
-        after, self.last_rows = self.last_rows, int(rows)
-        if not 1 <= rows <= self.max_rows or not (0.0 < seconds < math.inf):
+        valid = 1 <= rows <= self.max_rows and 0.0 < seconds < math.inf
+        if valid:
+            self.count += 1
+        if self.switches and rows > 1:
+            self._close()
+            self.tail = [True, self.settle, 0.0, False]
+        elif self.switches and rows == 1 and self.tail is not None:
+            base = self.obs.get((self.band(context_len), 1))
+            if valid and base is not None and len(base) >= SWITCH_BASE:
+                settled = float(self.prior.curve(context_len)[1]) * math.exp(shrunk_median(base))
+                self.tail[2] += seconds / settled - 1.0
+                self.tail[3] = True
+            self.tail[1] -= 1
+            if self.tail[1] == 0:
+                self._close()
             return
-        self.count += 1
+        if not valid:
+            return
         ratio = math.log(seconds / float(self.prior.curve(context_len)[rows]))
         key = (self.band(context_len), rows)
-        if self.switches and rows == 1 and after is not None and after > 1:
-            base = self.obs.get(key)
-            if base is not None and len(base) >= SWITCH_BASE:
-                self.switch.append(ratio - shrunk_median(base))
-                self.switch_frac = max(math.expm1(shrunk_median(self.switch)), 0.0)
-            return
         self.obs.setdefault(key, deque(maxlen=self.window)).append(ratio)
 
+    def _close(self) -> None:
+        t, self.tail = self.tail, None
+        if t is not None and t[0] and t[3]:
+            self.switch.append(t[2])
+            self.switch_frac = max(shrunk_median(self.switch), 0.0)
+
     def gap(self) -> None:
-        self.last_rows = None
+        self._close()
+        self.tail = [False, self.settle, 0.0, False]
 
     def curve(self, context_len: int) -> np.ndarray:
         bucket = max(int(context_len), 0) // 16 * 16

@@ -239,6 +239,7 @@ class LearnedCosts:
         window: int,
         prior_count: float,
         switch_base: int,
+        settle: int,
         switches: bool,
     ) -> LearnedCosts: ...
     @property

@@ -21,13 +21,18 @@ read. The same work in numpy cost the llama.cpp engine 25-27 us a step on the 13
 right after a forward (research/README.md, `llamacpp_host_split`), and only that little
 because it counted forwards in every 8.
 
-With `switches`, a one-row forward right after a wider one is kept apart: it costs more than
-one after a one-row forward (llama.cpp reuses its last compute graph only for a batch of the
-same shape: measured on the default model's Q4_1 / Q4_0 files after 700 tokens, 2 threads,
-+0.62 / +0.63 ms on 9.6 / 8.7 ms, `research/llamacpp_switch_cost.py`), and that excess is a
-cost of the draft before it, which `switch_frac` reports (as a fraction of a one-row
-forward) for the sizer to weigh; in the one-row median it would have looked like a dearer
-root-only step instead.
+With `switches`, the first `SETTLE` one-row forwards after a wider one are kept apart: they
+cost more than settled ones, and that excess is a cost of the draft before it, which
+`switch_frac` reports (summed over them, as a fraction of a settled one-row forward) for
+the sizer to weigh; in the one-row median it would have looked like a dearer root-only
+step instead. llama.cpp reuses its last compute graph only for a batch of the same shape
+(measured on the default model's Q4_1 / Q4_0 files after 700 tokens, 2 threads: the first
+one-row forward after a wider one +0.62 / +0.63 ms on 9.6 / 8.7 ms,
+`research/llamacpp_switch_cost.py`). On the quantized files the forwards after that stay
+dearer for several more (`research/llamacpp_after_wide.py`: after one 4-row forward over
+300 tokens on a 2-vCPU Xeon, +0.59 / +0.72 of a row over the next 8 on Q4_1 / Q4_0, +0.07
+on F16), but keeping all 8 apart lost in the loop (research/README.md): one after a prompt
+is kept apart too, and is nobody's excess.
 """
 
 from __future__ import annotations
@@ -45,6 +50,13 @@ WINDOW = 15
 PRIOR_COUNT = 2.0
 # One-row forwards of a band measured before a switch's excess is read against them.
 SWITCH_BASE = 3
+# One-row forwards after a wider forward (or a prompt) before one-row forwards count as
+# settled again; the excess of those before is the wider forward's. The quantized files'
+# excess fades only over 6-8 one-row forwards, but 8 lost to 1 in the loop from a cold start
+# (Q4_0 on the Xeon: 0.947 against 0.985 of plain decoding, every one of 4 rounds; Q4_1 a
+# tie): with 8 the engine verified more 4-row drafts, and they accepted less
+# (research/README.md, `llamacpp_cold_start --compare settle`).
+SETTLE = 1
 
 
 class LearnedCosts(_LearnedCosts):
@@ -53,10 +65,11 @@ class LearnedCosts(_LearnedCosts):
     From the core (`lookahead._core.LearnedCosts`):
     - `observe(rows, context_len, seconds)`: one forward of `rows` rows over `context_len`
       cached tokens took `seconds` (ignored when the prior does not reach `rows`, or
-      `seconds` is not a positive time); with `switches`, a one-row forward right after a
-      wider one counts towards `switch_frac` instead, once its band has `SWITCH_BASE`
-      one-row forwards;
-    - `gap()`: the next forward measured does not follow the last (a prompt ran between);
+      `seconds` is not a positive time); with `switches`, a one-row forward among the first
+      `settle` (default `SETTLE`) after a wider one counts towards `switch_frac` instead
+      (once its band has `SWITCH_BASE` settled one-row forwards to read it against), and one
+      after a prompt counts nowhere;
+    - `gap()`: the next forward measured follows a prompt, not the last one measured;
     - `curve(context_len)`: seconds of a forward of r rows over `context_len` cached tokens
       at index r (index 0 NaN), up to the prior's widest row: the prior corrected by what
       was measured in the context's band (or all bands, where it has none), read at the
@@ -65,7 +78,13 @@ class LearnedCosts(_LearnedCosts):
     - `band(context_len)`, `max_rows`, `window`, `switches`, `count` (forwards measured in
       all), `switch_frac`, `switches_kept`."""
 
-    def __new__(cls, prior: CostModel, window: int = WINDOW, switches: bool = False):
+    def __new__(
+        cls,
+        prior: CostModel,
+        window: int = WINDOW,
+        switches: bool = False,
+        settle: int | None = None,
+    ):
         flat = [s for row in prior.seconds for s in row]
         return super().__new__(
             cls,
@@ -76,10 +95,17 @@ class LearnedCosts(_LearnedCosts):
             int(window),
             PRIOR_COUNT,
             SWITCH_BASE,
+            SETTLE if settle is None else int(settle),
             bool(switches),
         )
 
-    def __init__(self, prior: CostModel, window: int = WINDOW, switches: bool = False):
+    def __init__(
+        self,
+        prior: CostModel,
+        window: int = WINDOW,
+        switches: bool = False,
+        settle: int | None = None,
+    ):
         self.prior = prior  # the CostModel (its key, widths and contexts: `as_cost_model`)
 
     def measured(self, context_len: int) -> dict:

@@ -11,7 +11,8 @@ forward cost and what it accepted. Two policies implement it:
   verify results) and what a forward of so many rows costs on this machine (a start-up
   measurement, `lookahead.costs`, corrected by every forward the engine runs,
   `lookahead.learned_costs`, and kept for the next run), plus what a draft adds to the
-  one-row forward after it (`LearnedCosts.switch_frac`: llama.cpp builds a new graph there).
+  one-row forwards after it (`LearnedCosts.switch_frac`: llama.cpp builds a new graph there,
+  and on quantized files the next few stay dearer).
   The cut and the learning run in the Rust core (`AcceptanceCalibration.choose`, `.learn`).
 - `FixedSizer`: `budget` nodes, `max_budget` after a step that accepted `deep_accept` or more
   (a request that is copying gets the wider tree while it lasts); the shorthand
@@ -170,7 +171,7 @@ def choose_nodes(
     with k = 0 (the root alone, 1 / (costs[1] + host_s)) among the choices. `expected[k - 1]`
     is the expected accepted length of the first k nodes (non-decreasing in k), `costs[r]`
     the forward time of r rows (index 0 unused), `host_s` the step's time besides the
-    forward, `switch_s` what any draft adds besides (to the one-row forward after it:
+    forward, `switch_s` what any draft adds besides (to the one-row forwards after it:
     `LearnedCosts.switch_frac`). Ties go to fewer nodes. (The engines' sizer runs the core's
     `AcceptanceCalibration.choose`, the same rule.)"""
     k_max = min(len(expected), len(costs) - 2)

@@ -2,7 +2,8 @@
 //! (`lookahead.learned_costs`): per context band and row count, the last `window` forwards as
 //! log-ratios to a prior curve (`CostGrid`, the start-up measurement of `lookahead.costs`),
 //! read back as the prior times the median ratio shrunk towards the prior's 1, interpolated
-//! in rows between measured row counts, pooled over bands where a band has none.
+//! in rows between measured row counts, pooled over bands where a band has none; and what a
+//! wider forward adds to the one-row forwards after it (`switch_frac`).
 //!
 //! The policy (the bands, the window, the prior's weight, when a one-row forward is a
 //! switch) is chosen and documented in Python; this is its bookkeeping. In Python it cost
@@ -142,8 +143,35 @@ pub struct Policy {
     pub prior_count: f64,
     /// One-row forwards of a band measured before a switch's excess is read against them.
     pub switch_base: usize,
-    /// Keep a one-row forward right after a wider one apart (the switch's excess).
+    /// One-row forwards after a wider forward (or a prompt) before one-row forwards count as
+    /// settled again: those before are the switch's (the wider forward's after-effect).
+    pub settle: usize,
+    /// Keep the one-row forwards after a wider one apart (the switch's excess).
     pub switches: bool,
+}
+
+/// The one-row forwards since the last wider forward or prompt, not yet settled.
+#[derive(Clone, Copy, Debug)]
+struct Tail {
+    /// After a draft's forward (its excess is the draft's), not after a prompt.
+    charged: bool,
+    /// One-row forwards left before they count as settled.
+    left: usize,
+    /// Their summed excess over the band's settled one-row forward, as a fraction of it.
+    excess: f64,
+    /// Whether any of them was read against a band's settled one-row forwards.
+    measured: bool,
+}
+
+impl Tail {
+    fn new(charged: bool, left: usize) -> Self {
+        Tail {
+            charged,
+            left,
+            excess: 0.0,
+            measured: false,
+        }
+    }
 }
 
 /// Forward seconds by rows and context, learnt from measured forwards around a prior.
@@ -152,10 +180,12 @@ pub struct LearnedCosts {
     policy: Policy,
     /// `[band * (max_rows + 1) + rows]`: the last `window` log(measured / prior).
     obs: Vec<VecDeque<f64>>,
-    /// log(one-row forward after a wider one / the band's learnt one-row forward).
+    /// What each wider forward added to the one-row forwards after it, until they settled
+    /// (or the next wider forward or prompt came): fractions of a settled one-row forward.
     switch: VecDeque<f64>,
     switch_frac: f64,
-    last_rows: Option<i64>,
+    /// Unsettled one-row forwards since the last wider forward or prompt (None: settled).
+    tail: Option<Tail>,
     count: u64,
     /// The last curve read, and its bucket (None: a forward was counted in since).
     curve: Vec<f64>,
@@ -175,6 +205,11 @@ impl LearnedCosts {
                 "the context bands' edges must rise from 0".into(),
             ));
         }
+        if policy.settle < 1 {
+            return Err(Error::InvalidInput(
+                "settle must be at least 1 forward".into(),
+            ));
+        }
         if !(policy.prior_count >= 0.0 && policy.prior_count.is_finite()) {
             return Err(Error::InvalidInput(format!(
                 "prior_count must be a finite number >= 0, got {}",
@@ -186,7 +221,8 @@ impl LearnedCosts {
             obs: vec![VecDeque::new(); cells],
             switch: VecDeque::new(),
             switch_frac: 0.0,
-            last_rows: None,
+            // The first forward follows a prompt.
+            tail: Some(Tail::new(false, policy.settle)),
             count: 0,
             curve: Vec::new(),
             curve_bucket: None,
@@ -214,13 +250,15 @@ impl LearnedCosts {
         self.count
     }
 
-    /// What a wider forward adds to the next one-row one, as a fraction of a one-row forward
-    /// (the median excess, shrunk like the ratios; 0 until measured, or without `switches`).
+    /// What a wider forward adds to the one-row forwards after it until they settle, as a
+    /// fraction of a settled one-row forward (the median of the last `window` wider
+    /// forwards' summed excess, shrunk like the ratios, never below 0; 0 until measured, or
+    /// without `switches`).
     pub fn switch_frac(&self) -> f64 {
         self.switch_frac
     }
 
-    /// Forwards kept (`window` at most) in the switch's excess.
+    /// Wider forwards' excesses kept (`window` at most) in the switch's.
     pub fn switches_kept(&self) -> usize {
         self.switch.len()
     }
@@ -243,32 +281,38 @@ impl LearnedCosts {
     }
 
     /// One forward of `rows` rows over `context_len` cached tokens took `seconds` (ignored when
-    /// the prior does not reach `rows`, or `seconds` is not a positive time).
+    /// the prior does not reach `rows`, or `seconds` is not a positive time). With `switches`,
+    /// a one-row forward among the first `settle` after a wider one (or a prompt) counts
+    /// towards the wider one's excess (`switch_frac`), not the one-row forwards.
     pub fn observe(&mut self, rows: i64, context_len: i64, seconds: f64) {
-        let after = self.last_rows.replace(rows);
-        let reach = 1..=self.max_rows() as i64;
-        if !(reach.contains(&rows) && seconds > 0.0 && seconds < f64::INFINITY) {
-            return;
+        let valid = (1..=self.max_rows() as i64).contains(&rows)
+            && seconds > 0.0
+            && seconds < f64::INFINITY;
+        if valid {
+            self.count += 1;
+            self.curve_bucket = None;
         }
-        let rows = rows as usize;
-        self.count += 1;
-        self.curve_bucket = None;
-        let ratio = (seconds / self.prior.seconds(rows, context_len)).ln();
-        let band = self.band(context_len);
-        if self.policy.switches && rows == 1 && after.is_some_and(|a| a > 1) {
-            let base = &self.obs[self.cell(band, 1)];
-            if !base.is_empty() && base.len() >= self.policy.switch_base {
-                let excess = ratio - self.shrunk(base.iter().copied());
-                if self.switch.len() == self.policy.window {
-                    self.switch.pop_front();
+        if self.policy.switches && rows > 1 {
+            self.close_tail();
+            self.tail = Some(Tail::new(true, self.policy.settle));
+        } else if self.policy.switches && rows == 1 && self.tail.is_some() {
+            if valid {
+                self.read_excess(context_len, seconds);
+            }
+            if let Some(t) = self.tail.as_mut() {
+                t.left -= 1;
+                if t.left == 0 {
+                    self.close_tail();
                 }
-                self.switch.push_back(excess);
-                let s = self.shrunk(self.switch.iter().copied());
-                self.switch_frac = s.exp_m1().max(0.0);
             }
             return;
         }
-        let cell = self.cell(band, rows);
+        if !valid {
+            return;
+        }
+        let rows = rows as usize;
+        let ratio = (seconds / self.prior.seconds(rows, context_len)).ln();
+        let cell = self.cell(self.band(context_len), rows);
         let kept = &mut self.obs[cell];
         if kept.len() == self.policy.window {
             kept.pop_front();
@@ -276,9 +320,37 @@ impl LearnedCosts {
         kept.push_back(ratio);
     }
 
-    /// The next forward measured does not follow the last one (a prompt ran between).
+    /// Adds an unsettled one-row forward's excess over its band's settled one-row forward
+    /// to the tail's, once the band has `switch_base` of them.
+    fn read_excess(&mut self, context_len: i64, seconds: f64) {
+        let base = &self.obs[self.cell(self.band(context_len), 1)];
+        if base.is_empty() || base.len() < self.policy.switch_base {
+            return;
+        }
+        let settled = self.prior.seconds(1, context_len) * self.shrunk(base.iter().copied()).exp();
+        if let Some(t) = self.tail.as_mut() {
+            t.excess += seconds / settled - 1.0;
+            t.measured = true;
+        }
+    }
+
+    /// Ends the unsettled one-row forwards: a draft's measured excess joins the switch's.
+    fn close_tail(&mut self) {
+        let Some(t) = self.tail.take() else { return };
+        if !(t.charged && t.measured) {
+            return;
+        }
+        if self.switch.len() == self.policy.window {
+            self.switch.pop_front();
+        }
+        self.switch.push_back(t.excess);
+        self.switch_frac = self.shrunk(self.switch.iter().copied()).max(0.0);
+    }
+
+    /// The next forward measured follows a prompt, not the last one measured.
     pub fn gap(&mut self) {
-        self.last_rows = None;
+        self.close_tail();
+        self.tail = Some(Tail::new(false, self.policy.settle));
     }
 
     /// The log-ratio by rows (index 0 unused) of `band`: its measured row counts' shrunk
@@ -361,6 +433,7 @@ mod tests {
             window: 15,
             prior_count: 2.0,
             switch_base: 3,
+            settle: 2,
             switches,
         }
     }
@@ -387,17 +460,47 @@ mod tests {
         let g = CostGrid::new(&[1, 8], &[0], &[0.1, 0.8]).unwrap();
         let mut l = LearnedCosts::new(g, policy(true)).unwrap();
         for _ in 0..45 {
-            l.observe(1, 300, 0.1);
+            for _ in 0..4 {
+                l.observe(1, 300, 0.1); // the first two of all follow the prompt: unsettled
+            }
             l.observe(8, 300, 0.3);
-            l.observe(1, 300, 0.15); // after 8 rows: a switch
-            l.observe(1, 300, 0.1);
+            l.observe(1, 300, 0.15); // after 8 rows: 0.5 and 0.2 of a one-row forward more
+            l.observe(1, 300, 0.12);
+            l.observe(1, 300, 0.1); // settled again
         }
         let c = l.curve(300).to_vec();
-        assert!((c[1] - 0.1).abs() < 1e-9, "{c:?}");
+        assert!((c[1] - 0.1).abs() < 1e-12, "{c:?}");
         let want8 = 0.8 * ((0.3f64 / 0.8).ln() * 15.0 / 17.0).exp();
         assert!((c[8] - want8).abs() < 1e-12, "{c:?}");
-        let want = ((1.5f64).ln() * 15.0 / 17.0).exp_m1();
-        assert!((l.switch_frac() - want).abs() < 1e-12);
+        // The first draft's tail came before its band had 3 settled forwards: not read.
+        assert_eq!(l.switches_kept(), 15);
+        assert!((l.switch_frac() - 0.7 * 15.0 / 17.0).abs() < 1e-12);
+        // A wider forward or a prompt ends a tail early: what it saw so far counts.
+        l.observe(8, 300, 0.3);
+        l.observe(1, 300, 0.15);
+        l.gap();
+        l.observe(1, 300, 5.0); // after the prompt: neither settled nor a draft's
+        l.observe(1, 300, 5.0);
+        assert!((l.curve(300)[1] - 0.1).abs() < 1e-12);
+        // The median of 14 0.7s and a 0.5.
+        assert!((l.switch_frac() - 0.7 * 15.0 / 17.0).abs() < 1e-12);
+        // Without switches, every one-row forward counts as one.
+        let mut m = LearnedCosts::new(
+            CostGrid::new(&[1, 8], &[0], &[0.1, 0.8]).unwrap(),
+            policy(false),
+        )
+        .unwrap();
+        m.observe(8, 300, 0.3);
+        m.observe(1, 300, 0.2);
+        assert!(m.curve(300)[1] > 0.1 && m.switch_frac() == 0.0);
+        assert!(LearnedCosts::new(
+            CostGrid::new(&[1], &[0], &[0.1]).unwrap(),
+            Policy {
+                settle: 0,
+                ..policy(true)
+            }
+        )
+        .is_err());
         // Another band borrows what all bands saw; bad forwards are ignored.
         let n = l.count();
         l.observe(4, 3000, f64::NAN);

@@ -21,7 +21,8 @@ impl PyLearnedCosts {
     /// `contexts` cached tokens (`seconds`, `[context][width]` flattened); the policy: context
     /// `bands` (lower edges, rising from 0), the `window` of forwards kept per band and rows,
     /// the prior worth `prior_count` forwards, `switch_base` one-row forwards of a band before
-    /// a switch is read against them, and whether to keep `switches` apart.
+    /// a switch is read against them, `settle` one-row forwards after a wider one (or a
+    /// prompt) before they count as settled, and whether to keep `switches` apart.
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -33,6 +34,7 @@ impl PyLearnedCosts {
         window: i64,
         prior_count: f64,
         switch_base: usize,
+        settle: usize,
         switches: bool,
     ) -> PyResult<Self> {
         let widths: Vec<usize> = ints(&widths)?
@@ -47,6 +49,7 @@ impl PyLearnedCosts {
             window: usize::try_from(window).unwrap_or(0),
             prior_count,
             switch_base,
+            settle,
             switches,
         };
         let inner = LearnedCosts::new(grid, policy).map_err(|e| to_pyerr(py, e))?;
@@ -65,7 +68,7 @@ impl PyLearnedCosts {
         self.inner.policy().window
     }
 
-    /// Whether a one-row forward right after a wider one is kept apart (`switch_frac`;
+    /// Whether the one-row forwards right after a wider one are kept apart (`switch_frac`;
     /// settable: it applies to the forwards observed from then on).
     #[getter]
     fn switches(&self) -> bool {
@@ -83,13 +86,14 @@ impl PyLearnedCosts {
         self.inner.count()
     }
 
-    /// What a wider forward adds to the next one-row one, as a fraction of a one-row forward.
+    /// What a wider forward adds to the one-row forwards after it until they settle, as a
+    /// fraction of a settled one-row forward.
     #[getter]
     fn switch_frac(&self) -> f64 {
         self.inner.switch_frac()
     }
 
-    /// Switches kept (the last `window`).
+    /// Wider forwards' excesses kept (the last `window`).
     #[getter]
     fn switches_kept(&self) -> usize {
         self.inner.switches_kept()
@@ -106,7 +110,7 @@ impl PyLearnedCosts {
         self.inner.observe(rows, context_len, seconds);
     }
 
-    /// The next forward measured does not follow the last one (a prompt ran between).
+    /// The next forward measured follows a prompt, not the last one measured.
     fn gap(&mut self) {
         self.inner.gap();
     }

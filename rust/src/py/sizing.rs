@@ -242,7 +242,7 @@ impl PyCalibration {
 
     /// How many of the draft's nodes to verify (`lookahead.sizing.choose_nodes` over
     /// `expected`): `costs` a forward's seconds by rows (index 0 unused), `host_s` the step's
-    /// other seconds, `switch_s` what verifying any draft adds besides (to the next forward).
+    /// other seconds, `switch_s` what verifying any draft adds besides (to the forwards after).
     #[allow(clippy::too_many_arguments)]
     fn choose(
         &mut self,
