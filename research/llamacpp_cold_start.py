@@ -1,10 +1,16 @@
 """A cold start of the llama.cpp engine, in the loop: lookahead over the engine's plain decoding
-from an empty cost folder, its start-up curve measured as `measure_costs` does ("shipped":
-each width timed right after the forward of the width before it) or each width timed right
-after an untimed one-row forward ("after one", as the loop runs a verify: after a one-row
-step; llama.cpp reuses its compute graph only for a batch of the shape before it).
+from an empty cost folder, with one of two variants of a policy.
 
-    python -m research.llamacpp_cold_start --quant q4_1 --rounds 3
+`--compare start-up` (the default): its start-up curve measured as `measure_costs` does
+("shipped": each width timed right after the forward of the width before it) or each width
+timed right after an untimed one-row forward ("after one", as the loop runs a verify: after
+a one-row step; llama.cpp reuses its compute graph only for a batch of the shape before it).
+
+`--compare settle`: `lookahead.learned_costs.SETTLE` as shipped ("settle 1": the one-row
+forward right after a draft's is its excess) or 8 ("settle 8": the 8 after it are, as long
+as the quantized files' excess lasts, `research/llamacpp_after_wide.py`).
+
+    python -m research.llamacpp_cold_start --quant q4_1 --rounds 3 [--compare settle]
 
 Per round, each variant in turn (the order alternating): a new model with flash attention off
 in a fresh `$LOOKAHEAD_COST_DIR`, its start-up curve, then 6 Spec-Bench prompts of each of
@@ -57,13 +63,16 @@ def measure_after_one(model, widths=None, context: int = 128, reps: int = 5):
 
 
 def run(variant: str, quant: str, questions: list) -> dict:
+    import lookahead.learned_costs as learned_costs
     import lookahead.llamacpp.costs as costs
     from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel
     from lookahead.llamacpp.generator import plain_generate
 
-    shipped = costs.measure_costs
+    shipped, settle = costs.measure_costs, learned_costs.SETTLE
     if variant == "after one":
         costs.measure_costs = measure_after_one
+    if variant.startswith("settle "):
+        learned_costs.SETTLE = int(variant.split()[1])
     try:
         with tempfile.TemporaryDirectory() as folder:
             os.environ["LOOKAHEAD_COST_DIR"] = folder
@@ -89,7 +98,7 @@ def run(variant: str, quant: str, questions: list) -> dict:
                         pl[0] += len(out) - 1
                         pl[1] += t["total_s"] - t["prefill_s"]
     finally:
-        costs.measure_costs = shipped
+        costs.measure_costs, learned_costs.SETTLE = shipped, settle
     row = statistics.median(plain_rows)
     by_rows: dict = {}
     for rows, accepted, seconds in steps:
@@ -140,9 +149,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quant", default="q4_1")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--compare", choices=("start-up", "settle"), default="start-up")
     args = ap.parse_args()
     qs = select_questions(str(DEFAULT_QUESTIONS), 6, categories=CATEGORIES)
-    variants = ["shipped", "after one"]
+    if args.compare == "settle":
+        variants = ["settle 1", "settle 8"]
+    else:
+        variants = ["shipped", "after one"]
     ratios: dict = {v: [] for v in variants}
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.quant}, {len(qs)} prompts"
