@@ -51,7 +51,7 @@ def test_demo_runs_plain_and_lookahead_on_every_prompt(gguf, tmp_path, capsys):
     # read at the prompts' median length: the band it drafted in, not the warm-up's
     learnt = [ln for ln in capsys.readouterr().out.splitlines() if "learnt from this run" in ln]
     assert len(learnt) == 1 and "forwards kept in its band" in learnt[0]
-    assert "0 forwards kept" not in learnt[0]
+    assert int(learnt[0].split(" forwards kept")[0].rsplit("(", 1)[1]) > 0
     # a fixed budget: no cost curve to show, the same table
     assert cli.main([*argv, "--budget", "4"]) == 0
     assert json.loads(out.read_text())["start_up_costs"] is None
