@@ -1,6 +1,7 @@
 """The learnt forward costs as they were written in Python (`lookahead.learned_costs` until
-the core took the bookkeeping over), each forward counted in at once: the rule the core's
-`LearnedCosts` must follow, for tests to compare against."""
+the core took the bookkeeping over), each forward counted in at once, and a measured curve
+read at a context as `lookahead.costs.CostModel.curve` read it in numpy (until the core's
+`CostGrid` took it over): the rules the core must follow, for tests to compare against."""
 
 from __future__ import annotations
 
@@ -10,6 +11,22 @@ from collections import deque
 
 import numpy as np
 from lookahead.learned_costs import BAND_EDGES, PRIOR_COUNT, SETTLE, SWITCH_BASE, WINDOW
+
+
+def reference_curve(model, context_len: int) -> np.ndarray:
+    """`model.curve(context_len)` in numpy (`model` a `lookahead.costs.CostModel`)."""
+    bucket = 0 if len(model.contexts) == 1 else max(int(context_len), 0) // 16 * 16
+    s = np.asarray(model.seconds, dtype=np.float64)
+    c = model.contexts
+    if len(c) == 1 or bucket <= c[0]:
+        at = s[0]
+    else:  # linear between measured contexts, extrapolated past the longest from the last two
+        i = min(int(np.searchsorted(c, bucket)), len(c) - 1)
+        t = (bucket - c[i - 1]) / (c[i] - c[i - 1])
+        at = np.maximum(s[i - 1] + t * (s[i] - s[i - 1]), s[0])
+    out = np.interp(np.arange(model.widths[-1] + 1), model.widths, at)
+    out[0] = math.nan
+    return out
 
 
 def median(v) -> float:
@@ -47,7 +64,9 @@ class ReferenceLearnedCosts:
         elif self.switches and rows == 1 and self.tail is not None:
             base = self.obs.get((self.band(context_len), 1))
             if valid and base is not None and len(base) >= SWITCH_BASE:
-                settled = float(self.prior.curve(context_len)[1]) * math.exp(shrunk_median(base))
+                settled = float(reference_curve(self.prior, context_len)[1]) * math.exp(
+                    shrunk_median(base)
+                )
                 self.tail[2] += seconds / settled - 1.0
                 self.tail[3] = True
             self.tail[1] -= 1
@@ -56,7 +75,7 @@ class ReferenceLearnedCosts:
             return
         if not valid:
             return
-        ratio = math.log(seconds / float(self.prior.curve(context_len)[rows]))
+        ratio = math.log(seconds / float(reference_curve(self.prior, context_len)[rows]))
         key = (self.band(context_len), rows)
         self.obs.setdefault(key, deque(maxlen=self.window)).append(ratio)
 
@@ -85,14 +104,14 @@ class ReferenceLearnedCosts:
             ratios = np.interp(rows, at, [mine[r] for r in at])
         else:
             ratios = np.zeros(len(rows))
-        out = self.prior.curve(bucket) * np.exp(ratios)
+        out = reference_curve(self.prior, bucket) * np.exp(ratios)
         out[2:] = np.maximum(out[2:], out[1])
         out[0] = math.nan
         return out
 
     def measured(self, context_len: int) -> dict:
         b = self.band(context_len)
-        curve = self.prior.curve(context_len)
+        curve = reference_curve(self.prior, context_len)
         return {
             r: (float(curve[r] * math.exp(median(v))), len(v))
             for (band, r), v in sorted(self.obs.items())

@@ -337,6 +337,27 @@ def test_curve_interpolates_rows_and_context():
     assert np.allclose(m3.curve(480)[1:], [3.0, 4.0])
 
 
+@st.composite
+def grids(draw):
+    """A CostModel's widths, contexts and seconds, as a measurement or a cost file gives."""
+    widths = sorted(draw(st.sets(st.integers(2, 40), max_size=6)) | {1})
+    contexts = sorted(draw(st.sets(st.integers(0, 4096), min_size=1, max_size=4)))
+    secs = st.floats(1e-4, 10.0, allow_nan=False)
+    seconds = [draw(st.lists(secs, min_size=len(widths), max_size=len(widths))) for _ in contexts]
+    return tuple(widths), tuple(contexts), tuple(map(tuple, seconds))
+
+
+@settings(max_examples=80, deadline=None)
+@given(grids(), st.lists(st.integers(-10, 9000), min_size=1, max_size=8))
+def test_the_cores_curve_is_the_numpy_rule(grid, contexts):
+    # The core's CostGrid reads a curve exactly as numpy did (np.interp's rounding included).
+    from reference_costs import reference_curve
+
+    m = CostModel(*grid)
+    for at in contexts:
+        np.testing.assert_array_equal(m.curve(at), reference_curve(m, at))
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -17,6 +17,7 @@ __all__ = [
     "_time_compaction",
     "Calibration",
     "LearnedCosts",
+    "CostGrid",
     "outcomes",
     "DEFAULTS",
     "MAX_BUDGET",
@@ -226,6 +227,12 @@ class Calibration:
         host_s: float,
         switch_s: float,
     ) -> int: ...
+
+# A measured forward-cost curve (`lookahead.costs.CostModel` reads it).
+@final
+class CostGrid:
+    def __new__(cls, widths: _Ints, contexts: _Ints, seconds: _Floats) -> CostGrid: ...
+    def curve(self, context_len: int) -> npt.NDArray[np.float64]: ...
 
 # What verify forwards cost, learnt (`lookahead.learned_costs.LearnedCosts` extends it).
 @disjoint_base

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import platform
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lookahead._core import CostGrid
 from lookahead.cost_checks import clip_plausible, grid_of, implausible
 from lookahead.user_input import quote, read_json_file
 
@@ -80,6 +80,7 @@ class CostModel:
     seconds: tuple
     key: dict = field(default_factory=dict)
     _curves: dict = field(default_factory=dict, compare=False, repr=False)
+    _grid: object = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         w, c = list(self.widths), list(self.contexts)
@@ -92,6 +93,8 @@ class CostModel:
             raise ValueError(
                 f"seconds must be {len(c)} x {len(w)} positive numbers, got {self.seconds!r}"
             )
+        grid = CostGrid([int(x) for x in w], [int(x) for x in c], s.ravel().tolist())
+        object.__setattr__(self, "_grid", grid)
 
     @classmethod
     def from_rows(cls, rows_seconds: dict, key: dict | None = None) -> CostModel:
@@ -101,24 +104,17 @@ class CostModel:
 
     def curve(self, context_len: int) -> np.ndarray:
         """Seconds of a forward of r rows over `context_len` cached tokens, at index r
-        (index 0 unused), for r up to the widest measured; linear between widths."""
+        (index 0 NaN), for r up to the widest measured: linear between widths, and between
+        measured contexts (extrapolated past the longest from the last two, never below the
+        shortest's), read at the context's 16-token bucket (the core's `CostGrid`, which
+        `LearnedCosts` reads its prior from too)."""
         # Curves differ little within 16 tokens; a curve measured at one context is the same
         # at every context (one cached array, however many contexts are asked for).
         bucket = 0 if len(self.contexts) == 1 else max(int(context_len), 0) // 16 * 16
         got = self._curves.get(bucket)
         if got is not None:
             return got
-        s = np.asarray(self.seconds, dtype=np.float64)
-        c = self.contexts
-        if len(c) == 1 or bucket <= c[0]:
-            at = s[0]
-        else:  # linear between measured contexts, extrapolated past the longest from the last two
-            i = min(int(np.searchsorted(c, bucket)), len(c) - 1)
-            t = (bucket - c[i - 1]) / (c[i] - c[i - 1])
-            at = np.maximum(s[i - 1] + t * (s[i] - s[i - 1]), s[0])
-        rows = np.arange(self.widths[-1] + 1)
-        out = np.interp(rows, self.widths, at)
-        out[0] = math.nan
+        out = self._grid.curve(bucket)
         if len(self._curves) * len(out) < CURVE_CACHE_FLOATS:
             self._curves[bucket] = out
         return out

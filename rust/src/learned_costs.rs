@@ -32,7 +32,8 @@ pub fn bucket(context_len: i64) -> i64 {
     context_len.max(0) / 16 * 16
 }
 
-/// `np.interp(x, xp, fp)` at one point: linear between the points, their end values beyond.
+/// `np.interp(x, xp, fp)` at one point, rounded as numpy rounds it (the slope first): linear
+/// between the points, their end values beyond.
 fn interp(x: f64, xp: &[f64], fp: &[f64]) -> f64 {
     let i = xp.partition_point(|&p| p <= x);
     if i == 0 {
@@ -45,7 +46,8 @@ fn interp(x: f64, xp: &[f64], fp: &[f64]) -> f64 {
     if x == x0 {
         return fp[i - 1];
     }
-    fp[i - 1] + (x - x0) / (x1 - x0) * (fp[i] - fp[i - 1])
+    let slope = (fp[i] - fp[i - 1]) / (x1 - x0);
+    slope * (x - x0) + fp[i - 1]
 }
 
 impl CostGrid {

@@ -1,6 +1,8 @@
 //! `lookahead._core.LearnedCosts`: what verify forwards cost, learnt from the engine's own
 //! forwards (crate::learned_costs), for `lookahead.learned_costs`. A Python subclass
-//! (`lookahead.learned_costs.LearnedCosts`) gives it its policy and its prior.
+//! (`lookahead.learned_costs.LearnedCosts`) gives it its policy and its prior. And
+//! `lookahead._core.CostGrid`: a measured curve read at a context, for
+//! `lookahead.costs.CostModel`.
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
@@ -8,6 +10,51 @@ use pyo3::prelude::*;
 use super::errors::to_pyerr;
 use super::sizing::{floats, ints};
 use crate::learned_costs::{CostGrid, LearnedCosts, Policy};
+
+/// A forward's seconds by rows and context, as measured at some of each.
+#[pyclass(name = "CostGrid", module = "lookahead._core", frozen)]
+pub struct PyCostGrid {
+    inner: CostGrid,
+}
+
+/// The grid of `widths` (rising from 1), `contexts` (rising from >= 0) and `seconds`
+/// (`[context][width]` flattened, each positive and finite), or InvalidInput.
+fn grid(
+    py: Python<'_>,
+    widths: &Bound<'_, PyAny>,
+    contexts: &Bound<'_, PyAny>,
+    seconds: &Bound<'_, PyAny>,
+) -> PyResult<CostGrid> {
+    let widths: Vec<usize> = ints(widths)?
+        .into_iter()
+        .map(|w| usize::try_from(w).unwrap_or(0))
+        .collect();
+    CostGrid::new(&widths, &ints(contexts)?, &floats(seconds)?).map_err(|e| to_pyerr(py, e))
+}
+
+#[pymethods]
+impl PyCostGrid {
+    #[new]
+    fn new(
+        py: Python<'_>,
+        widths: Bound<'_, PyAny>,
+        contexts: Bound<'_, PyAny>,
+        seconds: Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let inner = grid(py, &widths, &contexts, &seconds)?;
+        Ok(PyCostGrid { inner })
+    }
+
+    /// Seconds of a forward of r rows over `context_len` cached tokens at index r (index 0
+    /// NaN), up to the widest width: linear between widths, and between contexts (past the
+    /// longest, extrapolated from the last two, never below the shortest's), read at the
+    /// context's 16-token bucket.
+    fn curve<'py>(&self, py: Python<'py>, context_len: i64) -> Bound<'py, PyArray1<f64>> {
+        let mut out = Vec::with_capacity(self.inner.max_rows() + 1);
+        self.inner.curve_into(context_len, &mut out);
+        PyArray1::from_vec(py, out)
+    }
+}
 
 /// Forward seconds by rows and context, learnt from measured forwards around a prior grid.
 #[pyclass(name = "LearnedCosts", module = "lookahead._core", subclass)]
@@ -37,12 +84,7 @@ impl PyLearnedCosts {
         settle: usize,
         switches: bool,
     ) -> PyResult<Self> {
-        let widths: Vec<usize> = ints(&widths)?
-            .into_iter()
-            .map(|w| usize::try_from(w).unwrap_or(0))
-            .collect();
-        let grid = CostGrid::new(&widths, &ints(&contexts)?, &floats(&seconds)?)
-            .map_err(|e| to_pyerr(py, e))?;
+        let grid = grid(py, &widths, &contexts, &seconds)?;
         let policy = Policy {
             bands: ints(&bands)?,
             // A negative window is refused by the core's check, as 0 is.

@@ -21,6 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::_time_compaction, m)?)?;
     m.add_class::<sizing::PyCalibration>()?;
     m.add_class::<costs::PyLearnedCosts>()?;
+    m.add_class::<costs::PyCostGrid>()?;
     m.add_function(wrap_pyfunction!(sizing::outcomes, m)?)?;
     // The one source of the knobs' defaults and bounds: the wrapper, the CLI, the SGLang
     // config and the docs' test read these.
