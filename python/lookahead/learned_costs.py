@@ -86,7 +86,7 @@ class LearnedCosts(_LearnedCosts):
         settle: int | None = None,
     ):
         flat = [s for row in prior.seconds for s in row]
-        return super().__new__(
+        learned = super().__new__(
             cls,
             list(prior.widths),
             list(prior.contexts),
@@ -98,15 +98,8 @@ class LearnedCosts(_LearnedCosts):
             SETTLE if settle is None else int(settle),
             bool(switches),
         )
-
-    def __init__(
-        self,
-        prior: CostModel,
-        window: int = WINDOW,
-        switches: bool = False,
-        settle: int | None = None,
-    ):
-        self.prior = prior  # the CostModel (its key, widths and contexts: `as_cost_model`)
+        learned.prior = prior  # the CostModel (its key, widths and contexts: `as_cost_model`)
+        return learned
 
     def measured(self, context_len: int) -> dict:
         """{rows: (median seconds, forwards)} measured in `context_len`'s band."""
