@@ -50,8 +50,12 @@ impl PyCostGrid {
     /// longest, extrapolated from the last two, never below the shortest's), read at the
     /// context's 16-token bucket.
     fn curve<'py>(&self, py: Python<'py>, context_len: i64) -> Bound<'py, PyArray1<f64>> {
-        let mut out = Vec::with_capacity(self.inner.max_rows() + 1);
-        self.inner.curve_into(context_len, &mut out);
+        let grid = &self.inner;
+        let out = py.detach(|| {
+            let mut out = Vec::with_capacity(grid.max_rows() + 1);
+            grid.curve_into(context_len, &mut out);
+            out
+        });
         PyArray1::from_vec(py, out)
     }
 }
