@@ -31,8 +31,8 @@ one-row forward after a wider one +0.62 / +0.63 ms on 9.6 / 8.7 ms,
 `research/llamacpp_switch_cost.py`). On the quantized files the forwards after that stay
 dearer for several more (`research/llamacpp_after_wide.py`: after one 4-row forward over
 300 tokens on a 2-vCPU Xeon, +0.59 / +0.72 of a row over the next 8 on Q4_1 / Q4_0, +0.07
-on F16), but keeping all 8 apart lost in the loop (research/README.md): one after a prompt
-is kept apart too, and is nobody's excess.
+on F16), but keeping all 8 apart lost in the loop (research/README.md). The first `SETTLE`
+after a prompt are kept apart too, and are nobody's excess.
 """
 
 from __future__ import annotations
