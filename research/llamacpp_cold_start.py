@@ -5,6 +5,9 @@ from an empty cost folder, with one of two variants of a policy.
 ("shipped": each width timed right after the forward of the width before it) or each width
 timed right after an untimed one-row forward ("after one", as the loop runs a verify: after
 a one-row step; llama.cpp reuses its compute graph only for a batch of the shape before it).
+`--compare after-eight`: "shipped" or each width timed after 8 untimed one-row forwards
+("after eight": as a verify runs after a stretch of root-only steps, the one-row forwards
+settled, `research/llamacpp_after_wide.py`).
 
 `--compare settle`: `lookahead.learned_costs.SETTLE` as shipped ("settle 1": the one-row
 forward right after a draft's is its excess) or 8 ("settle 8": the 8 after it are, as long
@@ -35,10 +38,13 @@ from benchmarks.llamacpp import gguf_of
 from benchmarks.traces import DEFAULT_QUESTIONS, select_questions
 
 CATEGORIES = ("mt_bench", "qa", "math_reasoning")
+# Start-up curves timed after so many untimed one-row forwards (the one-row forwards after a
+# wide one settle only after 6-8 on the quantized files: `llamacpp_after_wide.py`).
+AFTER = {"after one": 1, "after eight": 8}
 
 
-def measure_after_one(model, widths=None, context: int = 128, reps: int = 5):
-    """`measure_costs` with an untimed one-row forward before each timed one."""
+def measure_after(model, widths=None, context: int = 128, reps: int = 5, before: int = 1):
+    """`measure_costs` with `before` untimed one-row forwards before each timed one."""
     from lookahead.costs import CostModel
     from lookahead.llamacpp.costs import WIDTHS, cost_key
 
@@ -49,8 +55,9 @@ def measure_after_one(model, widths=None, context: int = 128, reps: int = 5):
     times: dict = {w: [] for w in widths}
     for r in range(reps + 1):  # round 0 warms up
         for w in widths if r % 2 else widths[::-1]:
-            model.decode([int(rng.integers(0, model.n_vocab))], [context], [[0]], [True])
-            model.seq_rm(-1, context, -1)
+            for _ in range(before):
+                model.decode([int(rng.integers(0, model.n_vocab))], [context], [[0]], [True])
+                model.seq_rm(-1, context, -1)
             toks = rng.integers(0, model.n_vocab, size=w).tolist()
             t0 = time.perf_counter()
             model.decode(toks, range(context, context + w), [[0]] * w, [True] * w)
@@ -69,8 +76,8 @@ def run(variant: str, quant: str, questions: list) -> dict:
     from lookahead.llamacpp.generator import plain_generate
 
     shipped, settle = costs.measure_costs, learned_costs.SETTLE
-    if variant == "after one":
-        costs.measure_costs = measure_after_one
+    if variant in AFTER:
+        costs.measure_costs = lambda model: measure_after(model, before=AFTER[variant])
     if variant.startswith("settle "):
         learned_costs.SETTLE = int(variant.split()[1])
     try:
@@ -149,11 +156,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quant", default="q4_1")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--compare", choices=("start-up", "settle"), default="start-up")
+    ap.add_argument("--compare", choices=("start-up", "after-eight", "settle"), default="start-up")
     args = ap.parse_args()
     qs = select_questions(str(DEFAULT_QUESTIONS), 6, categories=CATEGORIES)
     if args.compare == "settle":
         variants = ["settle 1", "settle 8"]
+    elif args.compare == "after-eight":
+        variants = ["shipped", "after eight"]
     else:
         variants = ["shipped", "after one"]
     ratios: dict = {v: [] for v in variants}
