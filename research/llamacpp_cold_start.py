@@ -32,8 +32,6 @@ import statistics
 import tempfile
 import time
 
-import numpy as np
-
 from benchmarks.llamacpp import gguf_of
 from benchmarks.traces import DEFAULT_QUESTIONS, select_questions
 
@@ -41,32 +39,6 @@ CATEGORIES = ("mt_bench", "qa", "math_reasoning")
 # Start-up curves timed after so many untimed one-row forwards (the one-row forwards after a
 # wide one settle only after 6-8 on the quantized files: `llamacpp_after_wide.py`).
 AFTER = {"after one": 1, "after eight": 8}
-
-
-def measure_after(model, widths=None, context: int = 128, reps: int = 5, before: int = 1):
-    """`measure_costs` with `before` untimed one-row forwards before each timed one."""
-    from lookahead.costs import CostModel
-    from lookahead.llamacpp.costs import WIDTHS, cost_key
-
-    widths = tuple(w for w in widths or WIDTHS if w <= model.n_batch and context + w < model.n_ctx)
-    rng = np.random.default_rng(0)
-    model.reset()
-    model.prefill(rng.integers(0, model.n_vocab, size=context).tolist(), [0])
-    times: dict = {w: [] for w in widths}
-    for r in range(reps + 1):  # round 0 warms up
-        for w in widths if r % 2 else widths[::-1]:
-            for _ in range(before):
-                model.decode([int(rng.integers(0, model.n_vocab))], [context], [[0]], [True])
-                model.seq_rm(-1, context, -1)
-            toks = rng.integers(0, model.n_vocab, size=w).tolist()
-            t0 = time.perf_counter()
-            model.decode(toks, range(context, context + w), [[0]] * w, [True] * w)
-            dt = time.perf_counter() - t0
-            model.seq_rm(-1, context, -1)
-            if r:
-                times[w].append(dt)
-    model.reset()
-    return CostModel.from_rows({w: float(np.median(times[w])) for w in widths}, cost_key(model))
 
 
 def run(variant: str, quant: str, questions: list) -> dict:
@@ -77,7 +49,7 @@ def run(variant: str, quant: str, questions: list) -> dict:
 
     shipped, settle = costs.measure_costs, learned_costs.SETTLE
     if variant in AFTER:
-        costs.measure_costs = lambda model: measure_after(model, before=AFTER[variant])
+        costs.measure_costs = lambda model: shipped(model, before=AFTER[variant])
     if variant.startswith("settle "):
         learned_costs.SETTLE = int(variant.split()[1])
     try:

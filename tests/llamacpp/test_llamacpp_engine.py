@@ -380,6 +380,25 @@ def test_the_default_flash_attention_is_the_setting_measured_faster_at_load(gguf
     assert workload_s(0.5, {1: 0.01}) == pytest.approx(0.5 + 128 * 0.01)
 
 
+def test_the_start_up_curve_can_time_widths_after_one_row_forwards(gguf_path):
+    import lookahead.llamacpp.costs as llama_costs
+
+    model = LlamaCppModel(gguf_path, n_ctx=300, n_threads=2)
+    try:
+        decodes = []
+        real = model.decode
+        model.decode = lambda toks, *a, **k: decodes.append(len(toks)) or real(toks, *a, **k)
+        for before in (0, 2):
+            decodes.clear()
+            m = llama_costs.measure_costs(model, widths=(1, 3), context=16, reps=1, before=before)
+            assert m.widths == (1, 3) and all(s > 0 for s in m.seconds[0])
+            # the context's prefill, then 2 rounds (one warm-up) of each width, each after
+            # `before` untimed one-row forwards
+            assert decodes == [16] + [x for w in (3, 1, 1, 3) for x in [1] * before + [w]]
+    finally:
+        model.close()
+
+
 def test_timings_are_kept_for_later_loads_of_the_same_file(gguf_path, monkeypatch, tmp_path):
     import lookahead.llamacpp.costs as llama_costs
     from lookahead.costs import load_or_measure

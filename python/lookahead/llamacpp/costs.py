@@ -59,10 +59,13 @@ def cost_key(model) -> dict:
             "n_ubatch": model.n_ubatch}  # fmt: skip
 
 
-def measure_costs(model, widths=WIDTHS, context: int = 128, reps: int = 5) -> CostModel:
+def measure_costs(
+    model, widths=WIDTHS, context: int = 128, reps: int = 5, before: int = 0
+) -> CostModel:
     """Median seconds of a forward of each width (a chain in sequence 0 after `context`
     tokens, logits for every row) in `model` (a `LlamaCppModel`), widths interleaved round by
-    round; leaves the KV cache empty."""
+    round, each timed forward after `before` untimed one-row ones (the engine: none;
+    `research/llamacpp_cold_start.py` tries others); leaves the KV cache empty."""
     widths = tuple(w for w in widths if w <= model.n_batch and context + w < model.n_ctx)
     rng = np.random.default_rng(0)
     model.reset()
@@ -70,6 +73,9 @@ def measure_costs(model, widths=WIDTHS, context: int = 128, reps: int = 5) -> Co
     times: dict[int, list] = {w: [] for w in widths}
     for r in range(reps + 1):  # round 0 warms up
         for w in widths if r % 2 else widths[::-1]:
+            for _ in range(before):
+                model.decode([int(rng.integers(0, model.n_vocab))], [context], [[0]], [True])
+                model.seq_rm(-1, context, -1)
             toks = rng.integers(0, model.n_vocab, size=w).tolist()
             t0 = time.perf_counter()
             model.decode(toks, range(context, context + w), [[0]] * w, [True] * w)
