@@ -59,7 +59,7 @@ def expected_under(table, cal, scores, parents, matched) -> list:
     sc, par = [float(x) for x in scores], [int(p) for p in parents]
     cond = [s / (sc[p - 1] if p else 1.0) if (sc[p - 1] if p else 1.0) > 0 else 0.0
             for s, p in zip(sc, par)]  # fmt: skip
-    chances = table[cal.groups(np.asarray(matched, dtype=np.int64)), cal.bands(cond)].tolist()
+    chances = table[cal.cells(cond, matched)].tolist()
     left, chance, out, total = [1.0] * (len(sc) + 1), [1.0] * (len(sc) + 1), [], 0.0
     for i, p in enumerate(par):
         c = max(min(chances[i] * chance[p], left[p]), 0.0)
@@ -96,8 +96,7 @@ def correct(gen, log: list, where: dict) -> None:
             nodes, followed = outcomes(tokens, parents, step.path, step.emitted)
             sc, par = scores.tolist(), parents.tolist()
             cond = [sc[j] / sc[par[j]] if sc[par[j]] > 0 else 0.0 for j in nodes]
-            groups = cal.groups(np.array([int(matched[j]) for j in nodes], dtype=np.int64))
-            chances = cal.table()[groups, cal.bands(np.array(cond))].tolist()
+            chances = cal.predict(cond, [int(matched[j]) for j in nodes]).tolist()
             for c, y in zip(chances, followed):
                 log.append((where["category"], c, scaled(c, odds.odds), y))
             odds.observe(chances, followed)

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--per-category", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
-    from lookahead.calibration import AcceptanceCalibration, conditional, outcomes
+    from lookahead.calibration import conditional, outcomes
     from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel
 
     qs = select_questions(str(DEFAULT_QUESTIONS), args.per_category)
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
                 depth, k = 0, j
                 while k:
                     k, depth = par[k], depth + 1
-                group = int(AcceptanceCalibration.groups([int(matched[j])])[0])
+                group = int(cal.cells([0.0], [int(matched[j])])[0][0])  # its match group
                 for cat in (where["category"], "(all)"):
                     for key in ("all", f"depth {min(depth, 4)}", f"g{group}"):
                         s = sums[cat, key]

@@ -263,6 +263,45 @@ def reference_isotonic(v, w) -> list:
     return [x for x, n in zip(vals, sizes) for _ in range(n)]
 
 
+def reference_cell(cond: float, matched: int) -> tuple[int, int]:
+    """A node's `(group, band)` as numpy's searchsorted reads the edges (the Python rule
+    until the core took it over): its band the last whose lower edge is at most `cond`, its
+    group the number of match edges at most `matched`."""
+    from lookahead.calibration import BAND_EDGES, MATCH_EDGES
+
+    band = max(int(np.searchsorted(BAND_EDGES, cond, "right")) - 1, 0)
+    return int(np.searchsorted(MATCH_EDGES, matched, "right")), band
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.floats(-1.0, 2.0),
+                st.sampled_from([0.0, 0.05, 0.95, 1.0, -0.0, 5e-324, np.nextafter(0.1, 0)]),
+            ),
+            st.integers(-3, 300),
+        ),
+        max_size=20,
+    )
+)
+def test_the_cores_cells_are_the_python_rule(nodes):
+    """`cells` and `predict` read the table's axes as numpy's searchsorted does, edges
+    included; a NaN score and ragged inputs are refused."""
+    cal = AcceptanceCalibration()
+    cond = np.array([c for c, _ in nodes], dtype=np.float64)
+    matched = np.array([m for _, m in nodes], dtype=np.int64)
+    groups, bands = cal.cells(cond, matched)
+    want = [reference_cell(c, m) for c, m in nodes]
+    assert list(zip(groups.tolist(), bands.tolist())) == want
+    assert cal.predict(cond, matched).tolist() == [cal.table()[g, b] for g, b in want]
+    with pytest.raises(ValueError, match="NaN"):
+        cal.cells([0.5, float("nan")], [1, 1])
+    with pytest.raises(ValueError, match="one length"):
+        cal.predict([0.5], [1, 2])
+
+
 @settings(max_examples=100, deadline=None)
 @given(drafts(), st.integers(0, 2**31), st.booleans())
 def test_the_cores_learning_is_the_python_rule(draft, seed, sampled):
@@ -299,7 +338,7 @@ def test_the_cores_learning_is_the_python_rule(draft, seed, sampled):
         offered *= DECAY
         accepted *= DECAY
         for c, m, f in zip(cond, tree_matched[nodes], followed):
-            cell = cal.groups([m])[0], cal.bands([c])[0]
+            cell = reference_cell(c, m)
             offered[cell] += 1
             accepted[cell] += f
     assert np.allclose(cal.offered, offered, rtol=1e-12, atol=0)

@@ -69,27 +69,14 @@ class AcceptanceCalibration(Calibration):
       accepted, so siblings' chances add up to at most their parent's;
     - `choose(scores, parents, matched, costs, host_s, switch_s)`: the cost-aware cut
       (`lookahead.sizing.choose_nodes` over `expected`);
+    - `cells(cond, matched)`: `(groups, bands)`, each node's cell of the table (its band
+      the last whose lower edge is at most its conditional score, its group the number of
+      `MATCH_EDGES` at most its `matched`), and `predict(cond, matched)`: its chance there;
     - `table()`, `offered`, `accepted` (`[group, band]`), `prior` (`[band]`),
       `prior_weight`, `decay`."""
 
     def __new__(cls, prior_weight: float = PRIOR_WEIGHT, decay: float = DECAY):
         return super().__new__(cls, BAND_EDGES, MATCH_EDGES, float(prior_weight), float(decay))
-
-    @staticmethod
-    def bands(cond: np.ndarray) -> np.ndarray:
-        """The band index of each conditional score."""
-        b = np.searchsorted(BAND_EDGES, np.asarray(cond, dtype=np.float64), "right") - 1
-        return np.maximum(b, 0)  # only a score below the first edge (0) falls below band 0
-
-    @staticmethod
-    def groups(matched: np.ndarray) -> np.ndarray:
-        """The match group of each node's `matched`."""
-        return np.searchsorted(MATCH_EDGES, np.asarray(matched, dtype=np.int64), "right")
-
-    def predict(self, cond: np.ndarray, matched: np.ndarray) -> np.ndarray:
-        """Chance that the target follows nodes with these conditional scores and matches,
-        where it accepted their parents."""
-        return self.table()[self.groups(matched), self.bands(cond)]
 
 
 def outcomes(tokens, parents, path, emitted, verified=None) -> tuple[list, list]:

@@ -170,10 +170,14 @@ impl Calibration {
         &self.prior
     }
 
-    fn cell(&self, cond: f64, matched: i64) -> usize {
-        let band = self.bands.partition_point(|&e| e <= cond).saturating_sub(1);
-        let group = self.groups.partition_point(|&e| e <= matched);
-        group * self.bands.len() + band
+    /// The `(group, band)` of a node of conditional score `cond` continuing a match of
+    /// `matched` tokens (`cell`); InvalidInput on a NaN score.
+    pub fn locate(&self, cond: f64, matched: i64) -> Result<(usize, usize)> {
+        if cond.is_nan() {
+            return Err(Error::InvalidInput("a conditional score is NaN".into()));
+        }
+        let c = cell(&self.bands, &self.groups, cond, matched);
+        Ok((c / self.bands.len(), c % self.bands.len()))
     }
 
     /// One verify step's nodes whose parent was accepted: each one's conditional score,
@@ -205,10 +209,10 @@ impl Calibration {
     }
 
     fn count(&mut self, cond: f64, matched: i64, followed: bool) {
-        let cell = self.cell(cond, matched);
-        self.offered[cell] += 1.0;
+        let i = cell(&self.bands, &self.groups, cond, matched);
+        self.offered[i] += 1.0;
         if followed {
-            self.accepted[cell] += 1.0;
+            self.accepted[i] += 1.0;
         }
     }
 
@@ -291,6 +295,16 @@ impl Calibration {
             groups: &self.groups,
         }
     }
+}
+
+/// The cell `[group * bands.len() + band]` of a node of conditional score `cond` continuing
+/// a match of `matched` tokens, the one reading of the table's axes: its band the last whose
+/// lower edge is at most `cond` (band 0 below the first edge, and for NaN), its group the
+/// number of group edges at most `matched` (`bands` and `groups` the lower edges, ascending).
+pub fn cell(bands: &[f64], groups: &[i64], cond: f64, matched: i64) -> usize {
+    let band = bands.partition_point(|&e| e <= cond).saturating_sub(1);
+    let group = groups.partition_point(|&e| e <= matched);
+    group * bands.len() + band
 }
 
 fn check_prior_weight(w: f64) -> Result<()> {
@@ -381,6 +395,20 @@ mod tests {
             &mut followed,
         );
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn a_nodes_cell_reads_lower_edges() {
+        // Bands [0, 0.3), [0.3, 0.6), [0.6, ...); groups (.., 2), [2, ..).
+        let at = |c, m| cell(&BANDS, &GROUPS, c, m);
+        assert_eq!(
+            [at(-0.5, 0), at(0.0, 1), at(0.29, 1), at(0.3, 1)],
+            [0, 0, 0, 1]
+        );
+        assert_eq!([at(0.6, 2), at(1.0, 9), at(0.0, -4)], [5, 5, 0]);
+        let cal = Calibration::new(&BANDS, &GROUPS, 1.0, 1.0).unwrap();
+        assert_eq!(cal.locate(0.45, 7).unwrap(), (1, 1));
+        assert!(cal.locate(f64::NAN, 0).is_err());
     }
 
     #[test]

@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 /// The chance table and its axes: `chances[group * bands.len() + band]`, `bands` the score
 /// bands' lower edges (ascending, the first 0), `groups` the match groups' lower edges
 /// (ascending: group g holds `matched` in [groups[g-1], groups[g])), as
-/// `crate::calibration::Calibration::table` checks and builds it.
+/// `crate::calibration::Calibration::table` checks and builds it (a node's cell:
+/// `crate::calibration::cell`).
 pub struct ChanceTable<'a> {
     pub chances: &'a [f64],
     pub bands: &'a [f64],
@@ -21,18 +22,8 @@ pub struct ChanceTable<'a> {
 }
 
 impl ChanceTable<'_> {
-    /// `bisect.bisect_right(edges, x)` for the bands.
-    fn band(&self, cond: f64) -> usize {
-        let i = self.bands.partition_point(|&e| e <= cond);
-        i.saturating_sub(1)
-    }
-
-    fn group(&self, matched: i64) -> usize {
-        self.groups.partition_point(|&e| e <= matched)
-    }
-
     fn chance(&self, cond: f64, matched: i64) -> f64 {
-        self.chances[self.group(matched) * self.bands.len() + self.band(cond)]
+        self.chances[crate::calibration::cell(self.bands, self.groups, cond, matched)]
     }
 }
 

@@ -8,7 +8,7 @@ use pyo3::types::PyList;
 
 use super::errors::to_pyerr;
 use crate::calibration::Calibration;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sizing;
 
 /// Integers from a 1-D numpy array of int32, int64 or uint8 (a draft's dtypes, read
@@ -83,6 +83,9 @@ fn draft(
     })
 }
 
+/// A node's table cells: `(groups, bands)`.
+type Cells<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>);
+
 struct Draft {
     scores: Vec<f64>,
     parents: Vec<i32>,
@@ -114,6 +117,33 @@ fn with_expected<R: Send>(
 }
 
 impl PyCalibration {
+    /// The `(group, band)` of each node (`Calibration::locate`).
+    fn locate(
+        &self,
+        py: Python<'_>,
+        cond: &Bound<'_, PyAny>,
+        matched: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(i64, i64)>> {
+        let (c, m) = (floats(cond)?, ints(matched)?);
+        if c.len() != m.len() {
+            return Err(to_pyerr(
+                py,
+                Error::InvalidInput(format!(
+                    "cond and matched must have one length, got {} and {}",
+                    c.len(),
+                    m.len()
+                )),
+            ));
+        }
+        c.iter()
+            .zip(&m)
+            .map(|(&c, &m)| {
+                let (g, b) = self.inner.locate(c, m).map_err(|e| to_pyerr(py, e))?;
+                Ok((g as i64, b as i64))
+            })
+            .collect()
+    }
+
     fn grid<'py>(&self, py: Python<'py>, v: &[f64]) -> PyResult<Bound<'py, PyArray2<f64>>> {
         let (g, b) = self.inner.shape();
         let rows: Vec<Vec<f64>> = v.chunks(b).take(g).map(<[f64]>::to_vec).collect();
@@ -177,6 +207,39 @@ impl PyCalibration {
     fn table<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f64>>> {
         let t = self.inner.table().chances.to_vec();
         self.grid(py, &t)
+    }
+
+    /// `(groups, bands)`: the table's cell of each node of conditional score `cond[i]`
+    /// continuing a match of `matched[i]` tokens (InvalidInput on a NaN score).
+    fn cells<'py>(
+        &self,
+        py: Python<'py>,
+        cond: Bound<'_, PyAny>,
+        matched: Bound<'_, PyAny>,
+    ) -> PyResult<Cells<'py>> {
+        let (g, b) = self
+            .locate(py, &cond, &matched)?
+            .into_iter()
+            .unzip::<_, _, Vec<_>, Vec<_>>();
+        Ok((PyArray1::from_vec(py, g), PyArray1::from_vec(py, b)))
+    }
+
+    /// The chance that the target follows each node of conditional score `cond[i]` continuing
+    /// a match of `matched[i]` tokens, where it accepted the node's parent (the table's cell).
+    fn predict<'py>(
+        &mut self,
+        py: Python<'py>,
+        cond: Bound<'_, PyAny>,
+        matched: Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let at = self.locate(py, &cond, &matched)?;
+        let nb = self.inner.shape().1;
+        let t = self.inner.table().chances;
+        let out = at
+            .iter()
+            .map(|&(g, b)| t[g as usize * nb + b as usize])
+            .collect();
+        Ok(PyArray1::from_vec(py, out))
     }
 
     /// One verify step's nodes whose parent the target accepted: their conditional scores,
