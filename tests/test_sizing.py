@@ -89,6 +89,7 @@ def test_the_cores_learnt_costs_follow_the_python_rule(forwards, switches, windo
 
 
 def test_bad_learnt_cost_policies_are_refused():
+    from lookahead._core import CostGrid
     from lookahead._core import LearnedCosts as Core
     from lookahead.errors import InvalidInput
 
@@ -96,7 +97,7 @@ def test_bad_learnt_cost_policies_are_refused():
     for window in (0, -3):
         with pytest.raises(InvalidInput, match="window"):
             LearnedCosts(prior, window=window)
-    grid = ([1, 2], [0], [0.1, 0.2])
+    grid = CostGrid([1, 2], [0], [0.1, 0.2])
     for bad in (
         ([2, 4], [0], [0.1, 0.2]),  # widths must start at one row
         ([1, 2], [0], [0.1, -0.2]),
@@ -104,12 +105,14 @@ def test_bad_learnt_cost_policies_are_refused():
         ([1, 2], [9, 9], [0.1, 0.2, 0.1, 0.2]),
     ):
         with pytest.raises(InvalidInput):
-            Core(*bad, [0, 256], 15, 2.0, 3, 8, False)
+            CostGrid(*bad)
     for bands, prior_count in (([256, 512], 2.0), ([0, 0], 2.0), ([0], -1.0), ([0], math.nan)):
         with pytest.raises(InvalidInput):
-            Core(*grid, bands, 15, prior_count, 3, 8, False)
+            Core(grid, bands, 15, prior_count, 3, 8, False)
     with pytest.raises(InvalidInput, match="settle"):
-        Core(*grid, [0], 15, 2.0, 3, 0, True)
+        Core(grid, [0], 15, 2.0, 3, 0, True)
+    with pytest.raises(TypeError):  # the prior is a checked CostGrid, not its numbers
+        Core([1, 2], [0], 15, 2.0, 3, 8, False)
 
 
 def test_learnt_costs_ignore_outliers():

@@ -243,9 +243,7 @@ class CostGrid:
 class LearnedCosts:
     def __new__(
         cls,
-        widths: _Ints,
-        contexts: _Ints,
-        seconds: _Floats,
+        prior: CostGrid,
         bands: _Ints,
         window: int,
         prior_count: float,

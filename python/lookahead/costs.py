@@ -80,7 +80,8 @@ class CostModel:
     seconds: tuple
     key: dict = field(default_factory=dict)
     _curves: dict = field(default_factory=dict, compare=False, repr=False)
-    _grid: object = field(default=None, init=False, compare=False, repr=False)
+    # The core's grid of these numbers (what `curve` and `LearnedCosts` read).
+    grid: CostGrid = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         w, c = list(self.widths), list(self.contexts)
@@ -94,7 +95,7 @@ class CostModel:
                 f"seconds must be {len(c)} x {len(w)} positive numbers, got {self.seconds!r}"
             )
         grid = CostGrid([int(x) for x in w], [int(x) for x in c], s.ravel().tolist())
-        object.__setattr__(self, "_grid", grid)
+        object.__setattr__(self, "grid", grid)
 
     @classmethod
     def from_rows(cls, rows_seconds: dict, key: dict | None = None) -> CostModel:
@@ -114,7 +115,7 @@ class CostModel:
         got = self._curves.get(bucket)
         if got is not None:
             return got
-        out = self._grid.curve(bucket)
+        out = self.grid.curve(bucket)
         if len(self._curves) * len(out) < CURVE_CACHE_FLOATS:
             self._curves[bucket] = out
         return out

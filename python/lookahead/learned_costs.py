@@ -85,12 +85,9 @@ class LearnedCosts(_LearnedCosts):
         switches: bool = False,
         settle: int | None = None,
     ):
-        flat = [s for row in prior.seconds for s in row]
         learned = super().__new__(
             cls,
-            list(prior.widths),
-            list(prior.contexts),
-            flat,
+            prior.grid,
             list(BAND_EDGES),
             int(window),
             PRIOR_COUNT,

@@ -17,23 +17,10 @@ pub struct PyCostGrid {
     inner: CostGrid,
 }
 
-/// The grid of `widths` (rising from 1), `contexts` (rising from >= 0) and `seconds`
-/// (`[context][width]` flattened, each positive and finite), or InvalidInput.
-fn grid(
-    py: Python<'_>,
-    widths: &Bound<'_, PyAny>,
-    contexts: &Bound<'_, PyAny>,
-    seconds: &Bound<'_, PyAny>,
-) -> PyResult<CostGrid> {
-    let widths: Vec<usize> = ints(widths)?
-        .into_iter()
-        .map(|w| usize::try_from(w).unwrap_or(0))
-        .collect();
-    CostGrid::new(&widths, &ints(contexts)?, &floats(seconds)?).map_err(|e| to_pyerr(py, e))
-}
-
 #[pymethods]
 impl PyCostGrid {
+    /// The grid of `widths` (rising from 1), `contexts` (rising from >= 0) and `seconds`
+    /// (`[context][width]` flattened, each positive and finite), or InvalidInput.
     #[new]
     fn new(
         py: Python<'_>,
@@ -41,7 +28,12 @@ impl PyCostGrid {
         contexts: Bound<'_, PyAny>,
         seconds: Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let inner = grid(py, &widths, &contexts, &seconds)?;
+        let widths: Vec<usize> = ints(&widths)?
+            .into_iter()
+            .map(|w| usize::try_from(w).unwrap_or(0))
+            .collect();
+        let inner = CostGrid::new(&widths, &ints(&contexts)?, &floats(&seconds)?)
+            .map_err(|e| to_pyerr(py, e))?;
         Ok(PyCostGrid { inner })
     }
 
@@ -68,9 +60,8 @@ pub struct PyLearnedCosts {
 
 #[pymethods]
 impl PyLearnedCosts {
-    /// The prior: a forward's seconds by rows (`widths`, rising from 1) at each of
-    /// `contexts` cached tokens (`seconds`, `[context][width]` flattened); the policy: context
-    /// `bands` (lower edges, rising from 0), the `window` of forwards kept per band and rows,
+    /// The prior: a forward's seconds by rows and context as measured (`prior`, a
+    /// `CostGrid`, copied); the policy: context `bands` (lower edges, rising from 0), the `window` of forwards kept per band and rows,
     /// the prior worth `prior_count` forwards, `switch_base` one-row forwards of a band before
     /// a switch is read against them, `settle` one-row forwards after a wider one (or a
     /// prompt) before they count as settled, and whether to keep `switches` apart.
@@ -78,9 +69,7 @@ impl PyLearnedCosts {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        widths: Bound<'_, PyAny>,
-        contexts: Bound<'_, PyAny>,
-        seconds: Bound<'_, PyAny>,
+        prior: PyRef<'_, PyCostGrid>,
         bands: Bound<'_, PyAny>,
         window: i64,
         prior_count: f64,
@@ -88,7 +77,6 @@ impl PyLearnedCosts {
         settle: usize,
         switches: bool,
     ) -> PyResult<Self> {
-        let grid = grid(py, &widths, &contexts, &seconds)?;
         let policy = Policy {
             bands: ints(&bands)?,
             // A negative window is refused by the core's check, as 0 is.
@@ -98,7 +86,7 @@ impl PyLearnedCosts {
             settle,
             switches,
         };
-        let inner = LearnedCosts::new(grid, policy).map_err(|e| to_pyerr(py, e))?;
+        let inner = LearnedCosts::new(prior.inner.clone(), policy).map_err(|e| to_pyerr(py, e))?;
         Ok(PyLearnedCosts { inner })
     }
 
