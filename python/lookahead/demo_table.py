@@ -120,6 +120,18 @@ class DemoRow:
         return ((self.lookahead_tokens - 1) / la_d) / ((self.plain_tokens - 1) / plain_d)
 
     @property
+    def same_length_speedup(self) -> float | None:
+        """Lookahead's speedup on plain's text: plain's seconds over plain's prompt seconds
+        plus its seconds after the prompt divided by `decode_speedup` (None where that is).
+        A fork that ends lookahead's text sooner or later than plain's changes how much the
+        prompt's forward weighs in its tokens a second, and `speedup` with it; not this."""
+        ds = self.decode_speedup
+        if ds is None:
+            return None
+        after = self.plain_s - self.plain_prefill_s
+        return self.plain_s / (self.plain_prefill_s + after / ds)
+
+    @property
     def prefill_share(self) -> float | None:
         """The share of plain's seconds its prompt's forward took (None where unknown)."""
         return None if self.plain_prefill_s is None else self.plain_prefill_s / self.plain_s
@@ -209,6 +221,9 @@ def summarize(rows: list) -> list:
         if decode:
             out[-1].update(
                 median_decode_speedup=statistics.median(decode),
+                median_same_length_speedup=statistics.median(
+                    r.same_length_speedup for r in rs if r.same_length_speedup is not None
+                ),
                 prefill_share=statistics.fmean(
                     r.prefill_share for r in rs if r.prefill_share is not None
                 ),
@@ -246,7 +261,8 @@ def format_summary(summary: list, dtype: str, peer: Peer | None = None) -> str:
             lines[-1] += (
                 f"\n{'':<14} after the prompt: median speedup {s['median_decode_speedup']:.2f}x "
                 f"(the prompt's forward, the same for both, is {100 * s['prefill_share']:.0f}% "
-                "of plain's time)"
+                f"of plain's time); at plain's text length: median speedup "
+                f"{s['median_same_length_speedup']:.2f}x"
             )
     return "\n".join(lines)
 
@@ -326,6 +342,7 @@ def show(
                     **asdict(r),
                     "speedup": r.speedup,
                     "decode_speedup": r.decode_speedup,
+                    "same_length_speedup": r.same_length_speedup,
                     "plain_tps": r.plain_tps,
                     "lookahead_tps": r.lookahead_tps,
                     "peer_tps": r.peer_tps,

@@ -4,6 +4,7 @@ of `--llama-server` / `--llama-spec`, and `lookahead demo --engine llamacpp` bes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -74,12 +75,21 @@ def test_the_speedup_after_the_prompt_is_shown_where_prefill_times_are_known(cap
     assert rows[0].decode_speedup == pytest.approx(6.0) and rows[0].prefill_share == 0.4
     assert rows[1].decode_speedup is None and rows[1].prefill_share is None
     assert _row(3, "x", plain_prefill_s=1.0, lookahead_prefill_s=0.4).decode_speedup is None
+    # On plain's text: 0.4 s of prompt and 0.6 s / 6 after it, 1.0 / 0.5 = 2x, as in all.
+    assert rows[0].same_length_speedup == pytest.approx(2.0)
+    assert rows[1].same_length_speedup is None
+    # A fork whose text runs on to 39 tokens (38 after the first in 0.2 s): 3.25x by tokens a
+    # second, the prompt's forward spread over more tokens; on plain's text still 2x.
+    longer = dataclasses.replace(rows[0], lookahead_tokens=39, lookahead_s=0.6, identical=False)
+    assert longer.speedup == pytest.approx(3.25) and longer.decode_speedup == pytest.approx(6.0)
+    assert longer.same_length_speedup == pytest.approx(2.0)
     by = {s["category"]: s for s in demo_table.summarize(rows)}
     assert by["overall"]["median_decode_speedup"] == pytest.approx(6.0)
+    assert by["overall"]["median_same_length_speedup"] == pytest.approx(2.0)
     assert "median_decode_speedup" not in by["qa"]
     text = demo_table.format_summary(demo_table.summarize(rows), "Q4_1")
     assert "after the prompt: median speedup 6.00x (the prompt's forward, the same for both, " \
-        "is 40% of plain's time)" in text  # fmt: skip
+        "is 40% of plain's time); at plain's text length: median speedup 2.00x" in text  # fmt: skip
     assert text.count("after the prompt") == 2  # rag and overall, not qa
 
 
