@@ -61,10 +61,11 @@ pub struct PyLearnedCosts {
 #[pymethods]
 impl PyLearnedCosts {
     /// The prior: a forward's seconds by rows and context as measured (`prior`, a
-    /// `CostGrid`, copied); the policy: context `bands` (lower edges, rising from 0), the `window` of forwards kept per band and rows,
-    /// the prior worth `prior_count` forwards, `switch_base` one-row forwards of a band before
-    /// a switch is read against them, `settle` one-row forwards after a wider one (or a
-    /// prompt) before they count as settled, and whether to keep `switches` apart.
+    /// `CostGrid`, copied); the policy: context `bands` (lower edges, rising from 0), the
+    /// `window` of forwards kept per band and rows, the prior worth `prior_count` forwards,
+    /// `switch_base` one-row forwards of a band before a switch is read against them,
+    /// `settle` one-row forwards after a wider one (or a prompt) before they count as
+    /// settled, and whether to keep `switches` apart.
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
