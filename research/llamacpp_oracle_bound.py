@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 
+from lookahead.forks import first_difference
 from lookahead.llamacpp.tree import SequenceBook, argmax_rows, greedy_path, tree_batch
 
 from research.llamacpp_sizer_check import rotated
@@ -51,7 +52,7 @@ def oracle_generate(model, ids: list, ref: list, n: int, width: int) -> dict:
     while len(out) < n and not model.is_eog(out[-1]):
         on_ref = fork is None and out == ref[: len(out)]
         if fork is None and not on_ref:
-            fork = next(i for i, (a, b) in enumerate(zip(out, ref)) if a != b)
+            fork = fork_at(out, ref)
         k = min(width - 1, n - len(out)) if on_ref else 0
         tokens = [out[-1]] + [int(t) for t in ref[len(out) : len(out) + k]]
         parents = list(range(-1, len(tokens) - 1))
@@ -67,15 +68,16 @@ def oracle_generate(model, ids: list, ref: list, n: int, width: int) -> dict:
             if len(out) >= n or model.is_eog(out[-1]):
                 break
     total_s = time.perf_counter() - t0
-    if fork is None and out != ref[: len(out)]:
-        fork = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), len(ref))
+    if fork is None:
+        fork = fork_at(out, ref)
     return {"tokens": out, "prefill_s": prefill_s, "total_s": total_s, "steps": steps,
             "fork": fork}  # fmt: skip
 
 
 def fork_at(out: list, ref: list) -> int | None:
     """The first position where `out` and `ref` differ (None where one is the other's start)."""
-    return next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), None)
+    i = first_difference(out, ref)
+    return None if i == min(len(out), len(ref)) else i
 
 
 def oracle_text(model, ids: list, plain: list, n: int, width: int, tries: int = 8) -> list:

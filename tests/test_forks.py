@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from lookahead.forks import explain_fork, rounding_bound
+from lookahead.forks import explain_fork, first_difference, rounding_bound
 from lookahead.hf import LookaheadGenerator
 from tiny_models import EOS_ID, tiny_model
 
@@ -60,3 +60,11 @@ def test_a_planted_wrong_token_is_a_bug():
     assert explain_fork(model, ids, a, list(a), bound) is None
     ended = explain_fork(model, ids, a, a[:5], bound)
     assert ended.other_token is None and not ended.near_tie and math.isnan(ended.margin)
+
+
+def test_the_first_difference_of_two_outputs():
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([4], [5, 6]) == 0
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # a prefix: the shorter one's length
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+    assert first_difference([7, 8], [7, 8]) == 2 and first_difference([], [1]) == 0

@@ -39,6 +39,13 @@ class Fork:
         return f"fork @{self.position}, BUG, margin {self.margin:.3g} > bound {self.bound:.3g}"
 
 
+def first_difference(a, b) -> int:
+    """The first position where token lists `a` and `b` differ; where one is the other's
+    start (or they are equal), the shorter one's length."""
+    n = min(len(a), len(b))
+    return next((k for k in range(n) if a[k] != b[k]), n)
+
+
 def _one_by_one(model, ids: list, start: int):
     """Logits at positions start-1 .. len-1: prefill `ids[:start]`, then one-row forwards."""
     import torch
@@ -87,7 +94,7 @@ def explain_fork(model, prompt_ids: list, plain_ids: list, other_ids: list, boun
     if plain_ids == other_ids:
         return None
     n = min(len(plain_ids), len(other_ids))
-    i = next((k for k in range(n) if plain_ids[k] != other_ids[k]), n)
+    i = first_difference(plain_ids, other_ids)
     if i == n:  # one is a prefix of the other: it stopped (eos, stop string, length)
         a = plain_ids[i] if i < len(plain_ids) else None
         b = other_ids[i] if i < len(other_ids) else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lookahead.forks import COMPETITOR_GAP, Fork
+from lookahead.forks import COMPETITOR_GAP, Fork, first_difference
 
 
 def _one_row(model, ids: list) -> np.ndarray:
@@ -52,7 +52,7 @@ def explain_fork(plain, prompt_ids: list, plain_ids: list, other_ids: list, boun
     if plain_ids == other_ids:
         return None
     n = min(len(plain_ids), len(other_ids))
-    i = next((k for k in range(n) if plain_ids[k] != other_ids[k]), n)
+    i = first_difference(plain_ids, other_ids)
     if i == n:  # one is a prefix of the other: it stopped first
         a = plain_ids[i] if i < len(plain_ids) else None
         b = other_ids[i] if i < len(other_ids) else None
