@@ -106,6 +106,7 @@ def main(argv=None) -> int:
     widths = [int(w) for w in args.widths.split(",")]
 
     from lookahead.demo import load_prompts
+    from lookahead.demo_table import at_plain_length
     from lookahead.llamacpp import LlamaCppGenerator, LlamaCppModel, plain_generate
     from lookahead.llamacpp.forks import explain_fork, rounding_bound
     from lookahead.models import cpu_features
@@ -167,15 +168,15 @@ def main(argv=None) -> int:
         pairs = zip(runs[(k, meth)], runs[(k, "plain")])
         return statistics.mean(rate(a, after) / rate(b, after) for a, b in pairs)
 
-    def at_plain_length(k: int, meth: str) -> float:
+    def same_length(k: int, meth: str) -> float:
         """The ratio with the method's decode speed on plain's text: plain's prompt and
         decode times (means over rounds), the decode divided by the method's speed-up
         after the prompt. A fork changes a text's length, and with it how much the prompt
         weighs in tokens a second; this does not."""
         pl = runs[(k, "plain")]
         pre = statistics.mean(x["prefill_s"] for x in pl)
-        dec = statistics.mean(x["total_s"] - x["prefill_s"] for x in pl)
-        return (pre + dec) / (pre + dec / ratio(k, meth, True))
+        total = statistics.mean(x["total_s"] for x in pl)
+        return at_plain_length(total, pre, ratio(k, meth, True))
 
     print("\nper prompt: ratio to plain including the prompt / at plain's length (tokens a "
           "forward); forks from plain's text")  # fmt: skip
@@ -190,7 +191,7 @@ def main(argv=None) -> int:
             tps = statistics.mean((len(x["tokens"]) - 1) / max(x["steps"], 1) for x in rs)
             forks = sorted({x["fork"] for x in rs if x["fork"] is not None})
             missed = sorted({x["missed"] for x in rs if x.get("missed") is not None})
-            cells.append(f"{ratio(k, meth, False):.2f}x / {at_plain_length(k, meth):.2f}x"
+            cells.append(f"{ratio(k, meth, False):.2f}x / {same_length(k, meth):.2f}x"
                          f" ({tps:.2f})"
                          + (f" fork@{forks}" if forks else "")
                          + (f" missed@{missed}" if missed else ""))  # fmt: skip
@@ -201,11 +202,11 @@ def main(argv=None) -> int:
     ks = range(len(prompts))
     for meth in methods[1:]:
         inc = statistics.median(ratio(k, meth, False) for k in ks)
-        same = statistics.median(at_plain_length(k, meth) for k in ks)
+        same = statistics.median(same_length(k, meth) for k in ks)
         aft = statistics.median(ratio(k, meth, True) for k in ks)
         print(f"{meth:>12}: {inc:.3f}x / {same:.3f}x / {aft:.3f}x")
     best = [statistics.median(max(f(k, meth) for meth in methods[2:]) for k in ks)
-            for f in (lambda k, meth: ratio(k, meth, False), at_plain_length)]  # fmt: skip
+            for f in (lambda k, meth: ratio(k, meth, False), same_length)]  # fmt: skip
     print(
         f"{'oracle-best':>12}: {best[0]:.3f}x / {best[1]:.3f}x (each prompt's best width, "
         "chosen in hindsight)"

@@ -126,15 +126,18 @@ class DemoRow:
         A fork that ends lookahead's text sooner or later than plain's changes how much the
         prompt's forward weighs in its tokens a second, and `speedup` with it; not this."""
         ds = self.decode_speedup
-        if ds is None:
-            return None
-        after = self.plain_s - self.plain_prefill_s
-        return self.plain_s / (self.plain_prefill_s + after / ds)
+        return None if ds is None else at_plain_length(self.plain_s, self.plain_prefill_s, ds)
 
     @property
     def prefill_share(self) -> float | None:
         """The share of plain's seconds its prompt's forward took (None where unknown)."""
         return None if self.plain_prefill_s is None else self.plain_prefill_s / self.plain_s
+
+
+def at_plain_length(plain_s: float, plain_prefill_s: float, decode_speedup: float) -> float:
+    """A speedup on plain's text: plain's `plain_s` seconds, `plain_prefill_s` of them its
+    prompt's forward, over the same prompt time plus the rest divided by `decode_speedup`."""
+    return plain_s / (plain_prefill_s + (plain_s - plain_prefill_s) / decode_speedup)
 
 
 @dataclass(frozen=True)
