@@ -103,7 +103,14 @@ def main(argv=None) -> int:
     p.add_argument("--tries", type=int, default=8, help="runs to find an oracle's text")
     p.add_argument("--json", help="write every run's tokens and times here")
     args = p.parse_args(argv)
-    widths = [int(w) for w in args.widths.split(",")]
+    try:
+        widths = [int(w) for w in args.widths.split(",")]
+    except ValueError:
+        p.error(f"--widths must be integers joined by commas, got {args.widths!r}")
+    if min(widths) < 2:
+        p.error(f"each width must be at least 2 (the root and one drafted token), got {widths}")
+    if min(args.rounds, args.tries, args.max_new_tokens, args.threads) < 1:
+        p.error("--rounds, --tries, --max-new-tokens and --threads must be at least 1")
 
     from lookahead.demo import load_prompts
     from lookahead.demo_table import at_plain_length
